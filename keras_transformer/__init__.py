@@ -1,0 +1,19 @@
+"""keras_transformer: the Transformer of "Attention Is All You Need" in Keras 3."""
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    MultiHeadAttention,
+    PaddingMask,
+    PositionalEncoding,
+    SharedEmbedding,
+    TransformerDecoder,
+    TransformerEncoder,
+)
+from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+from keras_transformer.model import Transformer, build_model
+from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.training import compile_model, paper_optimizer
+
+__version__ = "0.1.0"

@@ -1,0 +1,239 @@
+"""One configuration object for the whole model, with the paper's presets.
+
+`TransformerConfig` holds every hyper-parameter of Vaswani et al. (2017) that
+the model, the loss and the learning-rate schedule need, so that the example
+script, the tests and the benchmarks share one source of truth. It imports no
+Keras: data and export code can read it without building anything.
+"""
+
+import dataclasses
+import math
+from typing import Optional
+
+POSITION_KINDS = ("sinusoidal", "learned")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of an encoder-decoder Transformer.
+
+    Field names follow the paper where it names them: `num_layers` is N,
+    `d_model`, `num_heads` is h, `key_dim` is d_k, `value_dim` is d_v, `d_ff`,
+    `dropout` is P_drop, `label_smoothing` is epsilon_ls.
+
+    Args:
+        vocab_size: size of the shared source-target subword vocabulary.
+        num_layers: N, the number of layers in the encoder and in the decoder.
+        d_model: width of every sub-layer output and of the embeddings.
+        num_heads: h, the number of attention heads.
+        key_dim: d_k, per-head query/key size. `None` means d_model // h.
+        value_dim: d_v, per-head value size. `None` means `key_dim`.
+        d_ff: inner size of the position-wise feed-forward networks.
+        dropout: P_drop, applied to each sub-layer output before the residual
+            addition and to the sums of embeddings and positional encodings.
+        attention_dropout: dropout on attention weights (0 in the paper).
+        activation_dropout: dropout after the feed-forward ReLU (0 in the paper).
+        label_smoothing: epsilon_ls of the training loss.
+        warmup_steps: warm-up of the learning-rate schedule, equation (3).
+        max_length: longest sequence (in subword tokens, BOS/EOS included)
+            the model is meant for; the size of the learned position table.
+        share_embeddings: one embedding matrix for source and target tokens.
+        tie_output_embeddings: the pre-softmax projection is the transposed
+            target embedding matrix (section 3.4).
+        position_embedding: `"sinusoidal"` (the paper) or `"learned"`
+            (Table 3, row E).
+        norm_first: `False` is the paper's post-norm,
+            LayerNorm(x + Dropout(Sublayer(x))); `True` is pre-norm,
+            x + Dropout(Sublayer(LayerNorm(x))) with a final LayerNorm.
+        layer_norm_epsilon: epsilon of every LayerNormalization.
+        pad_id, bos_id, eos_id, unk_id: special token ids shared with the
+            tokenizer. The pad id must be 0.
+
+    Example:
+
+    >>> config = TransformerConfig.preset("base", vocab_size=37000)
+    >>> config.key_dim
+    64
+    >>> TransformerConfig.preset("base", num_heads=1, key_dim=512).value_dim
+    512
+    """
+
+    vocab_size: int = 37000
+    num_layers: int = 6
+    d_model: int = 512
+    num_heads: int = 8
+    key_dim: Optional[int] = None
+    value_dim: Optional[int] = None
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    label_smoothing: float = 0.1
+    warmup_steps: int = 4000
+    max_length: int = 256
+    share_embeddings: bool = True
+    tie_output_embeddings: bool = True
+    position_embedding: str = "sinusoidal"
+    norm_first: bool = False
+    layer_norm_epsilon: float = 1e-6
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    unk_id: int = 3
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
+                     "warmup_steps", "max_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be a positive integer, "
+                    f"received {name}={value!r}"
+                )
+        if self.key_dim is None:
+            if self.d_model % self.num_heads:
+                raise ValueError(
+                    "d_model must be divisible by num_heads when key_dim is not "
+                    f"given; received d_model={self.d_model}, "
+                    f"num_heads={self.num_heads}"
+                )
+            object.__setattr__(self, "key_dim", self.d_model // self.num_heads)
+        if self.value_dim is None:
+            object.__setattr__(self, "value_dim", self.key_dim)
+        for name in ("key_dim", "value_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be a positive integer, "
+                    f"received {name}={value!r}"
+                )
+        for name in ("dropout", "attention_dropout", "activation_dropout",
+                     "label_smoothing"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be in [0, 1), "
+                    f"received {name}={value!r}"
+                )
+        if self.position_embedding not in POSITION_KINDS:
+            raise ValueError(
+                f"position_embedding must be one of {POSITION_KINDS}, "
+                f"received {self.position_embedding!r}"
+            )
+        if self.pad_id != 0:
+            raise ValueError(
+                f"pad_id must be 0 (the model's masks assume it), "
+                f"received pad_id={self.pad_id}"
+            )
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id,
+               "eos_id": self.eos_id, "unk_id": self.unk_id}
+        if len(set(ids.values())) != len(ids):
+            raise ValueError(f"special token ids must be distinct, received {ids}")
+        for name, value in ids.items():
+            if not 0 <= value < self.vocab_size:
+                raise ValueError(
+                    f"{name}={value} is outside the vocabulary "
+                    f"(vocab_size={self.vocab_size})"
+                )
+
+    # --- presets -------------------------------------------------------------
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "TransformerConfig":
+        """Returns a preset, with any field overridden by keyword.
+
+        `"base"` and `"big"` are the two models of Table 3. `"tiny"` and
+        `"small"` are CPU-sized models with the base model's recipe. Any row of
+        Table 3 is the base preset with overrides, e.g. row (A)
+        `preset("base", num_heads=16, key_dim=32)`, row (E)
+        `preset("base", position_embedding="learned")`.
+
+        Args:
+            name: one of `TransformerConfig.preset_names()`.
+            **overrides: fields to change.
+        """
+        if name not in PRESETS:
+            raise ValueError(
+                f"Unknown preset {name!r}; available presets: {sorted(PRESETS)}"
+            )
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(
+                f"Unknown TransformerConfig field(s) {unknown}; "
+                f"valid fields: {sorted(fields)}"
+            )
+        values = dict(PRESETS[name])
+        values.update(overrides)
+        return cls(**values)
+
+    @staticmethod
+    def preset_names():
+        return sorted(PRESETS)
+
+    def replace(self, **changes) -> "TransformerConfig":
+        """Returns a copy with `changes` applied (derived dims recomputed)."""
+        values = self.to_dict()
+        # key_dim/value_dim were derived from d_model/num_heads unless given:
+        # re-derive them when their inputs change and they were not overridden.
+        if ("d_model" in changes or "num_heads" in changes) and "key_dim" not in changes:
+            if values["key_dim"] == values["d_model"] // values["num_heads"]:
+                values["key_dim"] = None
+                if "value_dim" not in changes and self.value_dim == self.key_dim:
+                    values["value_dim"] = None
+        values.update(changes)
+        return type(self)(**values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TransformerConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ValueError(f"Unknown TransformerConfig field(s) {unknown}")
+        return cls(**values)
+
+    # --- derived quantities --------------------------------------------------
+
+    def num_parameters(self) -> int:
+        """Trainable parameters of `build_model(self)`, counted analytically."""
+        d, dff, V = self.d_model, self.d_ff, self.vocab_size
+        h, dk, dv = self.num_heads, self.key_dim, self.value_dim
+        attention = 2 * (d * h * dk + h * dk) + (d * h * dv + h * dv) + (h * dv * d + d)
+        ffn = (d * dff + dff) + (dff * d + d)
+        norm = 2 * d
+        encoder_layer = attention + ffn + 2 * norm
+        decoder_layer = 2 * attention + ffn + 3 * norm
+        n_embeddings = 1 if self.share_embeddings else 2
+        embeddings = n_embeddings * V * d
+        output = 0 if self.tie_output_embeddings else V * d + V
+        positions = 0
+        if self.position_embedding == "learned":
+            positions = 2 * self.max_length * d
+        final_norms = 2 * norm if self.norm_first else 0
+        return (
+            embeddings + positions + output + final_norms
+            + self.num_layers * (encoder_layer + decoder_layer)
+        )
+
+    @property
+    def embedding_scale(self) -> float:
+        return math.sqrt(self.d_model)
+
+
+# Table 3 of the paper. Both models use warm-up 4000, epsilon_ls 0.1, Adam
+# (0.9, 0.98, 1e-9). The big model's P_drop is 0.3 for English-German.
+PRESETS = {
+    "base": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048, dropout=0.1,
+                 label_smoothing=0.1, warmup_steps=4000),
+    "big": dict(num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3,
+                label_smoothing=0.1, warmup_steps=4000),
+    # CPU-sized models (see README for parameter counts). Shorter warm-up since
+    # they train for thousands, not hundreds of thousands, of steps.
+    "small": dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1,
+                  label_smoothing=0.1, warmup_steps=1000, vocab_size=8000),
+    "tiny": dict(num_layers=2, d_model=128, num_heads=4, d_ff=512, dropout=0.1,
+                 label_smoothing=0.1, warmup_steps=400, vocab_size=4000),
+}

@@ -1,0 +1,132 @@
+"""Label-smoothed cross-entropy over non-pad tokens, and masked token accuracy."""
+
+import keras
+from keras import ops
+
+from keras_transformer.api import register
+
+
+@register
+class LabelSmoothedCrossEntropy(keras.losses.Loss):
+    """Cross-entropy with label smoothing (Szegedy et al., 2016), ignoring padding.
+
+    The smoothed target puts (1 - eps) on the true token and eps spread uniformly
+    over all `vocab_size` classes (eps / V each, the true token included), the
+    convention of Szegedy et al. and of Keras' dense cross-entropy. Per token:
+
+        loss = logsumexp(z) - (1 - eps) * z[y] - eps * mean(z)
+
+    which needs no one-hot `(batch, T, vocab)` tensor. Positions whose label is
+    `pad_id` contribute nothing; the default reduction is the mean over
+    non-pad tokens (weighted by `sample_weight` when given). Logits are taken
+    in float32.
+
+    Args:
+        label_smoothing: eps in [0, 1).
+        pad_id: label id that is ignored.
+        reduction: `"mean_with_sample_weight"` (mean over non-pad tokens),
+            `"sum"` (sum over non-pad tokens) or `"none"` (per-token losses,
+            zero at padding).
+        name: loss name.
+
+    Example:
+
+    >>> loss = LabelSmoothedCrossEntropy(label_smoothing=0.1)
+    >>> loss(labels, logits)   # labels (batch, T) int, logits (batch, T, V)
+    """
+
+    def __init__(self, label_smoothing=0.1, pad_id=0,
+                 reduction="mean_with_sample_weight", name="label_smoothed_ce",
+                 dtype=None):
+        if reduction not in ("mean_with_sample_weight", "sum", "none", None):
+            raise ValueError(
+                "reduction must be 'mean_with_sample_weight' (mean over non-pad "
+                "tokens), 'sum' or 'none'; a mean over all positions would count "
+                f"padding. Received reduction={reduction!r}"
+            )
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(
+                f"label_smoothing must be in [0, 1), received {label_smoothing!r}"
+            )
+        super().__init__(name=name, reduction=reduction, dtype=dtype or "float32")
+        self.label_smoothing = label_smoothing
+        self.pad_id = pad_id
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        weights = ops.cast(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id),
+                           "float32")
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+            while len(sample_weight.shape) < len(weights.shape):
+                sample_weight = ops.expand_dims(sample_weight, -1)
+            weights = weights * sample_weight
+        return super().__call__(y_true, y_pred, sample_weight=weights)
+
+    def call(self, y_true, y_pred):
+        labels = ops.cast(y_true, "int32")
+        logits = ops.cast(y_pred, "float32")
+        log_normalizer = ops.logsumexp(logits, axis=-1)
+        # Clip so that an out-of-range label cannot gather garbage silently;
+        # pad positions are zeroed below.
+        target_logit = ops.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+        nll = log_normalizer - target_logit
+        eps = self.label_smoothing
+        if eps:
+            smooth = log_normalizer - ops.mean(logits, axis=-1)
+            loss = (1.0 - eps) * nll + eps * smooth
+        else:
+            loss = nll
+        # where(), not multiply: inf/nan at pad positions must not leak.
+        return ops.where(ops.not_equal(labels, self.pad_id), loss, 0.0)
+
+    def get_config(self):
+        return {
+            "label_smoothing": self.label_smoothing,
+            "pad_id": self.pad_id,
+            "reduction": self.reduction,
+            "name": self.name,
+        }
+
+
+@register
+class MaskedAccuracy(keras.metrics.Metric):
+    """Token accuracy of argmax predictions over non-pad labels.
+
+    Counts correct and non-pad tokens across batches (and replicas), so the
+    result is exact token accuracy, not a mean of per-batch means.
+
+    Args:
+        pad_id: label id that is ignored.
+        name: metric name.
+    """
+
+    def __init__(self, pad_id=0, name="accuracy", dtype=None):
+        super().__init__(name=name, dtype=dtype or "float32")
+        self.pad_id = pad_id
+        self.correct = self.add_variable(shape=(), initializer="zeros",
+                                         dtype="float32", name="correct")
+        self.count = self.add_variable(shape=(), initializer="zeros",
+                                       dtype="float32", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        labels = ops.cast(y_true, "int32")
+        predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        weights = ops.cast(ops.not_equal(labels, self.pad_id), "float32")
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+            while len(sample_weight.shape) < len(weights.shape):
+                sample_weight = ops.expand_dims(sample_weight, -1)
+            weights = weights * sample_weight
+        hits = ops.cast(ops.equal(labels, predictions), "float32") * weights
+        self.correct.assign_add(ops.sum(hits))
+        self.count.assign_add(ops.sum(weights))
+
+    def result(self):
+        return ops.divide_no_nan(self.correct, self.count)
+
+    def reset_state(self):
+        self.correct.assign(0.0)
+        self.count.assign(0.0)
+
+    def get_config(self):
+        return {"pad_id": self.pad_id, "name": self.name}

@@ -1,0 +1,154 @@
+"""The encoder-decoder Transformer as one functional Keras model."""
+
+import keras
+from keras import layers
+
+from keras_transformer.api import register
+from keras_transformer.config import TransformerConfig
+from keras_transformer.layers.embedding import SharedEmbedding
+from keras_transformer.layers.masks import PaddingMask
+from keras_transformer.layers.stacks import TransformerDecoder, TransformerEncoder
+
+
+def _stack_kwargs(config):
+    return dict(
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        key_dim=config.key_dim,
+        value_dim=config.value_dim,
+        d_ff=config.d_ff,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        activation_dropout=config.activation_dropout,
+        norm_first=config.norm_first,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        max_length=config.max_length,
+        position_embedding=config.position_embedding,
+    )
+
+
+@register
+class Transformer(keras.Model):
+    """The paper's encoder-decoder model, a functional `keras.Model`.
+
+    Inputs are a dict `{"source_ids": (batch, S) int32, "target_ids": (batch, T)
+    int32}`, where `target_ids` is the right-shifted target (BOS first) and 0 is
+    padding. The output is float32 logits `(batch, T, vocab_size)`, also under a
+    mixed-precision policy.
+
+    The parts that incremental decoding needs are attributes:
+    `source_embedding`, `target_embedding`, `encoder`, `decoder`, and
+    `project(x)` for the pre-softmax projection.
+
+    Args:
+        config: a `TransformerConfig` (or its dict form).
+
+    Example:
+
+    >>> model = Transformer(TransformerConfig.preset("tiny"))
+    >>> logits = model({"source_ids": src, "target_ids": tgt})
+    """
+
+    def __init__(self, config=None, **kwargs):
+        if config is None:
+            config = TransformerConfig()
+        if isinstance(config, dict):
+            config = TransformerConfig.from_dict(config)
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(
+                f"config must be a TransformerConfig or dict, received {type(config)}"
+            )
+        c = config
+
+        # === Layers ===
+        source_embedding = SharedEmbedding(
+            c.vocab_size, c.d_model,
+            name="shared_embedding" if c.share_embeddings else "source_embedding",
+        )
+        target_embedding = source_embedding
+        if not c.share_embeddings:
+            target_embedding = SharedEmbedding(c.vocab_size, c.d_model,
+                                               name="target_embedding")
+        output_projection = None
+        if not c.tie_output_embeddings:
+            output_projection = layers.Dense(c.vocab_size, name="output_projection")
+        encoder = TransformerEncoder(**_stack_kwargs(c), name="encoder")
+        decoder = TransformerDecoder(**_stack_kwargs(c), name="decoder")
+        to_float32 = layers.Activation("linear", dtype="float32", name="logits")
+
+        # === Functional graph ===
+        source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
+        target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
+        source_mask = PaddingMask(c.pad_id, name="source_padding_mask")(source_ids)
+        target_mask = PaddingMask(c.pad_id, name="target_padding_mask")(target_ids)
+        encoder_output = encoder(source_embedding(source_ids), padding_mask=source_mask)
+        decoder_output = decoder(
+            target_embedding(target_ids),
+            encoder_output,
+            decoder_padding_mask=target_mask,
+            encoder_padding_mask=source_mask,
+        )
+        if output_projection is None:
+            logits = target_embedding(decoder_output, reverse=True)
+        else:
+            logits = output_projection(decoder_output)
+        logits = to_float32(logits)
+
+        super().__init__(
+            inputs={"source_ids": source_ids, "target_ids": target_ids},
+            outputs=logits,
+            **kwargs,
+        )
+
+        # === Config and handles for decoding ===
+        self.config = c
+        self.source_embedding = source_embedding
+        self.target_embedding = target_embedding
+        self.output_projection = output_projection
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def project(self, decoder_output):
+        """Pre-softmax projection of decoder outputs to float32 logits."""
+        if self.output_projection is None:
+            logits = self.target_embedding(decoder_output, reverse=True)
+        else:
+            logits = self.output_projection(decoder_output)
+        return keras.ops.cast(logits, "float32")
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name,
+                "trainable": self.trainable}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def build_model(config=None, *, preset="base", vocab_size=None, **overrides):
+    """Builds the Transformer from a config or a preset.
+
+    Args:
+        config: a `TransformerConfig`; if `None`, `TransformerConfig.preset(preset)`.
+        preset: preset name used when `config` is `None` (`"base"`, `"big"`,
+            `"small"`, `"tiny"`).
+        vocab_size: the shared vocabulary size (overrides the config's).
+        **overrides: any other `TransformerConfig` field.
+
+    Returns:
+        A `Transformer` (functional `keras.Model`) with inputs `source_ids`,
+        `target_ids` and float32 logits.
+
+    Example:
+
+    >>> model = build_model(preset="base", vocab_size=37000)
+    >>> model.count_params()
+    63082496
+    """
+    if vocab_size is not None:
+        overrides["vocab_size"] = vocab_size
+    if config is None:
+        config = TransformerConfig.preset(preset, **overrides)
+    elif overrides:
+        config = config.replace(**overrides)
+    return Transformer(config)

@@ -1,0 +1,54 @@
+"""The paper's learning-rate schedule, equation (3)."""
+
+import keras
+from keras import ops
+
+from keras_transformer.api import register
+
+
+@register
+class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5).
+
+    Linear warm-up for `warmup_steps` updates, then decay with the inverse
+    square root of the step number (equation 3 of the paper).
+
+    Keras calls a schedule with `optimizer.iterations`, the number of updates
+    already applied, starting at 0. The paper numbers steps from 1, so the
+    update being computed is `step_num = step + 1`: `schedule(0)` is the rate
+    of the first update, equation (3) at step_num 1, never inf or nan.
+    Under gradient accumulation Keras only increments `iterations` on real
+    updates, so the schedule counts optimizer updates, not micro-batches.
+
+    Args:
+        d_model: model width.
+        warmup_steps: number of warm-up updates.
+        scale: an extra multiplier (1.0 in the paper).
+
+    Example:
+
+    >>> schedule = TransformerSchedule(512, warmup_steps=4000)
+    >>> float(schedule(3999))  # step_num 4000, the peak
+    0.000698771...
+    """
+
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+        if not d_model or d_model < 1:
+            raise ValueError(f"d_model must be positive, received {d_model!r}")
+        if not warmup_steps or warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be positive, received {warmup_steps!r}")
+        self.d_model = d_model
+        self.warmup_steps = warmup_steps
+        self.scale = scale
+
+    def __call__(self, step):
+        step_num = ops.cast(step, "float32") + 1.0
+        return (
+            self.scale
+            * (self.d_model ** -0.5)
+            * ops.minimum(ops.rsqrt(step_num), step_num * self.warmup_steps ** -1.5)
+        )
+
+    def get_config(self):
+        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps,
+                "scale": self.scale}
