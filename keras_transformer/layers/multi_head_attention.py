@@ -59,8 +59,8 @@ class MultiHeadAttention(layers.Layer):
 
     Returns:
         `output` of shape `(batch, T_q, output_dim)`, followed by the attention
-        weights if `return_attention_scores`, followed by the cache if one was
-        given.
+        weights if `return_attention_scores`, followed by the updated cache if
+        `cache_update_index` was given.
 
     Example:
 
@@ -215,7 +215,7 @@ class MultiHeadAttention(layers.Layer):
         outputs = (output,)
         if return_attention_scores:
             outputs += (weights,)
-        if cache is not None:
+        if cache is not None and cache_update_index is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
 

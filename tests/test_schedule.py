@@ -1,0 +1,59 @@
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import TransformerSchedule
+
+
+def equation_3(step_num, d_model=512, warmup_steps=4000):
+    """lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)."""
+    return d_model**-0.5 * min(step_num**-0.5, step_num * warmup_steps**-1.5)
+
+
+@pytest.mark.parametrize("step_num", [1, 100, 4000, 100000])
+def test_values_equal_equation_3(step_num):
+    schedule = TransformerSchedule(512, warmup_steps=4000)
+    # Keras passes optimizer.iterations (updates done so far); update number
+    # step_num is computed at iterations == step_num - 1.
+    value = float(keras.ops.convert_to_numpy(schedule(step_num - 1)))
+    np.testing.assert_allclose(value, equation_3(step_num), rtol=1e-6)
+
+
+def test_step_zero_is_finite_and_peak_is_at_warmup():
+    schedule = TransformerSchedule(512, warmup_steps=4000)
+    values = keras.ops.convert_to_numpy(schedule(np.arange(0, 20000, dtype="int64")))
+    assert np.all(np.isfinite(values)) and values[0] > 0
+    assert int(np.argmax(values)) == 3999
+    np.testing.assert_allclose(values.max(), 512**-0.5 * 4000**-0.5, rtol=1e-6)
+
+
+def test_serializable():
+    schedule = TransformerSchedule(256, warmup_steps=100)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert isinstance(restored, TransformerSchedule)
+    assert restored.get_config() == schedule.get_config()
+    optimizer = keras.optimizers.Adam(learning_rate=schedule)
+    restored = keras.optimizers.Adam.from_config(optimizer.get_config())
+    assert isinstance(restored.learning_rate if not callable(restored._learning_rate) else restored._learning_rate, TransformerSchedule)
+
+
+def test_schedule_follows_optimizer_updates():
+    """After n real updates the optimizer's step is n and the next rate is eq. (3) at n+1."""
+    schedule = TransformerSchedule(64, warmup_steps=10)
+    variable = keras.Variable(np.ones(3, "float32"))
+    optimizer = keras.optimizers.Adam(learning_rate=schedule)
+    optimizer.build([variable])
+    for _ in range(5):
+        optimizer.apply_gradients([(keras.ops.ones(3), variable)])
+    assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 5
+    np.testing.assert_allclose(
+        float(keras.ops.convert_to_numpy(optimizer.learning_rate)),
+        equation_3(6, 64, 10), rtol=1e-6)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="warmup_steps"):
+        TransformerSchedule(512, warmup_steps=0)
+    assert math.isfinite(equation_3(1))
