@@ -14,6 +14,13 @@ from keras_transformer.layers import (
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.model import Transformer, build_model
 from keras_transformer.schedules import TransformerSchedule
-from keras_transformer.training import compile_model, paper_optimizer
+from keras_transformer.training import (
+    LearningRateLogger,
+    StepCheckpoint,
+    average_checkpoints,
+    compile_model,
+    list_checkpoints,
+    paper_optimizer,
+)
 
 __version__ = "0.1.0"

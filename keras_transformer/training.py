@@ -1,6 +1,15 @@
-"""Compiling a model the paper's way (section 5.3 and 5.4)."""
+"""Training the paper's way: optimizer, compile helper, callbacks, averaging.
+
+Backend-agnostic except `get_strategy`, which returns a `tf.distribute`
+strategy (TensorFlow backend) or sets a `keras.distribution` (JAX backend).
+"""
+
+import os
+import re
+import shutil
 
 import keras
+import numpy as np
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
@@ -32,7 +41,8 @@ def compile_model(model, config=None, *, learning_rate=None,
         config: its `TransformerConfig`; defaults to `model.config`.
         learning_rate: replaces the paper's schedule (a float or schedule).
         gradient_accumulation_steps: accumulate this many micro-batches per
-            update (the schedule still counts updates).
+            update. Keras then increments `optimizer.iterations` once per
+            update, so the schedule counts updates, not micro-batches.
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`,
             `steps_per_execution`).
 
@@ -57,3 +67,141 @@ def compile_model(model, config=None, *, learning_rate=None,
         **compile_kwargs,
     )
     return model
+
+
+# --- checkpoints -------------------------------------------------------------
+
+_CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
+
+
+def list_checkpoints(directory):
+    """`(step, path)` pairs of `ckpt-<step>.weights.h5` files, oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        match = _CHECKPOINT_PATTERN.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(directory, name)))
+    return sorted(found)
+
+
+class StepCheckpoint(keras.callbacks.Callback):
+    """Saves `ckpt-<update>.weights.h5` every `every_n_steps` updates, keeps the last `keep`.
+
+    Files are written to a temporary name and renamed, so a crash never leaves
+    a truncated checkpoint under a checkpoint name. The step in the name is the
+    optimizer's update count (`optimizer.iterations`), which survives resumes.
+
+    Args:
+        directory: where to write.
+        every_n_steps: save interval in optimizer updates.
+        keep: number of most recent checkpoints kept (the paper averages the
+            last 5 for base and 20 for big).
+    """
+
+    def __init__(self, directory, every_n_steps=1000, keep=5):
+        super().__init__()
+        if every_n_steps < 1 or keep < 1:
+            raise ValueError(
+                f"every_n_steps and keep must be >= 1, received {every_n_steps}, {keep}"
+            )
+        self.directory = directory
+        self.every_n_steps = every_n_steps
+        self.keep = keep
+        self._last_saved = None
+
+    def _step(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def save(self, step=None):
+        step = self._step() if step is None else step
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, f"ckpt-{step}.weights.h5")
+        partial = os.path.join(self.directory, f".partial-ckpt-{step}.weights.h5")
+        self.model.save_weights(partial, overwrite=True)
+        os.replace(partial, path)
+        self._last_saved = step
+        for _, old in list_checkpoints(self.directory)[:-self.keep]:
+            os.remove(old)
+        return path
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._step()
+        if step and step % self.every_n_steps == 0 and step != self._last_saved:
+            self.save(step)
+
+    def on_train_end(self, logs=None):
+        step = self._step()
+        if step and step != self._last_saved:
+            self.save(step)
+
+
+def average_checkpoints(paths, output_path):
+    """Averages the model weights of several `.weights.h5` checkpoints.
+
+    Every floating-point weight outside the optimizer is replaced by its
+    arithmetic mean over `paths`; everything else (optimizer state, integer
+    variables) is copied from the last checkpoint. The result loads with
+    `model.load_weights(output_path)` into the model that wrote the inputs
+    (section 6.1: the base models average the last 5 checkpoints).
+
+    Args:
+        paths: checkpoint files written by `model.save_weights`.
+        output_path: where to write the averaged weights (`*.weights.h5`).
+
+    Returns:
+        `output_path`.
+    """
+    import h5py
+
+    paths = [str(p) for p in paths]
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint path")
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"checkpoint not found: {path}")
+    if not str(output_path).endswith(".weights.h5"):
+        raise ValueError(f"output_path must end with .weights.h5, received {output_path}")
+
+    def datasets(handle):
+        names = []
+        handle.visititems(lambda name, obj: names.append(name)
+                          if isinstance(obj, h5py.Dataset) else None)
+        return names
+
+    sources = [h5py.File(p, "r") for p in paths]
+    try:
+        reference = sources[-1]
+        names = datasets(reference)
+        for path, source in zip(paths, sources):
+            if sorted(datasets(source)) != sorted(names):
+                raise ValueError(
+                    f"checkpoint {path} does not hold the same variables as {paths[-1]}"
+                )
+        partial = str(output_path) + ".partial"
+        shutil.copyfile(paths[-1], partial)
+        with h5py.File(partial, "r+") as out:
+            for name in names:
+                data = reference[name]
+                if name.split("/")[0] == "optimizer" or not np.issubdtype(data.dtype,
+                                                                            np.floating):
+                    continue
+                stacked = np.stack([np.asarray(s[name], dtype="float64") for s in sources])
+                out[name][...] = stacked.mean(axis=0).astype(data.dtype)
+        os.replace(partial, output_path)
+    finally:
+        for source in sources:
+            source.close()
+    return output_path
+
+
+class LearningRateLogger(keras.callbacks.Callback):
+    """Adds the current learning rate and the optimizer step to the epoch logs."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        optimizer = self.model.optimizer
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        logs["step"] = int(keras.ops.convert_to_numpy(optimizer.iterations))

@@ -49,3 +49,38 @@ def test_tiny_model_memorises_64_random_pairs(tiny_config):
     mask = labels != 0
     assert (predictions[mask] == labels[mask]).mean() >= 0.99, accuracy
     assert accuracy >= 0.99
+
+
+def test_average_checkpoints_of_two_known_weight_sets_is_their_mean(tiny_config, tmp_path):
+    model = kt.build_model(tiny_config)
+    first = [w.copy() for w in model.get_weights()]
+    model.save_weights(tmp_path / "a.weights.h5")
+    second = [np.random.default_rng(i).normal(size=w.shape).astype(w.dtype)
+              for i, w in enumerate(first)]
+    model.set_weights(second)
+    model.save_weights(tmp_path / "b.weights.h5")
+
+    out = kt.average_checkpoints([tmp_path / "a.weights.h5", tmp_path / "b.weights.h5"],
+                                 tmp_path / "avg.weights.h5")
+    fresh = kt.build_model(tiny_config)
+    fresh.load_weights(out)
+    for got, a, b in zip(fresh.get_weights(), first, second):
+        np.testing.assert_allclose(got, (a.astype("float64") + b) / 2, rtol=1e-6, atol=1e-7)
+
+    with pytest.raises(FileNotFoundError, match="missing.weights.h5"):
+        kt.average_checkpoints([tmp_path / "missing.weights.h5"], tmp_path / "x.weights.h5")
+    other = kt.build_model(tiny_config, num_layers=1)
+    other.save_weights(tmp_path / "other.weights.h5")
+    with pytest.raises(ValueError, match="same variables"):
+        kt.average_checkpoints([tmp_path / "a.weights.h5", tmp_path / "other.weights.h5"],
+                               tmp_path / "y.weights.h5")
+
+
+def test_step_checkpoint_keeps_the_last_k(tiny_config, tmp_path):
+    model = kt.compile_model(kt.build_model(tiny_config))
+    inputs, labels = random_pairs(tiny_config, num_pairs=16)
+    callback = kt.StepCheckpoint(tmp_path / "ckpt", every_n_steps=2, keep=3)
+    model.fit(inputs, labels, batch_size=2, epochs=1, verbose=0, callbacks=[callback])
+    steps = [step for step, _ in kt.list_checkpoints(tmp_path / "ckpt")]
+    assert steps == [4, 6, 8]
+    assert not [p for p in (tmp_path / "ckpt").iterdir() if "partial" in p.name]
