@@ -205,3 +205,50 @@ class LearningRateLogger(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
         logs["step"] = int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def plot_training(log_csv, output_png):
+    """Writes a PNG of training/validation loss and the learning rate against steps.
+
+    Args:
+        log_csv: the `CSVLogger` file of a run (columns `loss`, `val_loss`,
+            and `learning_rate`, `step` from `LearningRateLogger`).
+        output_png: the figure's path.
+
+    Returns:
+        `output_png`, or `None` when the log has no rows.
+    """
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(log_csv, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows:
+        return None
+
+    def column(name):
+        return [float(r[name]) if r.get(name) not in (None, "") else float("nan")
+                for r in rows]
+
+    steps = column("step") if "step" in rows[0] else list(range(1, len(rows) + 1))
+    figure, (loss_axis, lr_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    loss_axis.plot(steps, column("loss"), marker="o", label="training loss")
+    if "val_loss" in rows[0]:
+        loss_axis.plot(steps, column("val_loss"), marker="o", label="validation loss")
+    loss_axis.set_xlabel("update step")
+    loss_axis.set_ylabel("label-smoothed cross-entropy per token")
+    loss_axis.grid(alpha=0.3)
+    loss_axis.legend()
+    if "learning_rate" in rows[0]:
+        lr_axis.plot(steps, column("learning_rate"), marker="o", color="tab:green")
+    lr_axis.set_xlabel("update step")
+    lr_axis.set_ylabel("learning rate")
+    lr_axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(output_png, dpi=100)
+    plt.close(figure)
+    return output_png

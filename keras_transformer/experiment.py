@@ -1,0 +1,383 @@
+"""The end-to-end job that `examples/wmt_ende.py` runs, as importable functions.
+
+data -> shared tokenizer -> tf.data pipelines -> model under the distribution
+strategy -> compile the paper's way -> `model.fit` (resumable) -> average the
+last checkpoints -> beam search the test set -> sacreBLEU -> plots and
+samples. TensorFlow is used for tf.data and tf.distribute; the model itself
+trains on any Keras backend.
+"""
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import time
+
+import keras
+
+from keras_transformer.config import TransformerConfig
+
+SPLITS = ("train", "valid", "test")
+
+# Settings used when a flag is not given. The paper's presets reproduce the
+# paper (WMT14, 100k steps of 25,000 tokens for base, 300k for big); the CPU
+# presets are sized for the offline demo and for Multi30k on 2 cores.
+PRESET_DEFAULTS = {
+    "base": dict(train_steps=100_000, tokens_per_batch=25_000, vocab_size=37_000,
+                 max_length=256, checkpoint_every=1000, average_last=5),
+    "big": dict(train_steps=300_000, tokens_per_batch=25_000, vocab_size=37_000,
+                max_length=256, checkpoint_every=1000, average_last=20),
+    "small": dict(train_steps=6_000, tokens_per_batch=4096, vocab_size=8000,
+                  max_length=128, checkpoint_every=500, average_last=5),
+    "tiny": dict(train_steps=1_500, tokens_per_batch=4096, vocab_size=4000,
+                 max_length=96, checkpoint_every=250, average_last=3),
+}
+
+
+@dataclasses.dataclass
+class JobSettings:
+    """Everything `run` needs; `examples/wmt_ende.py` fills it from flags."""
+
+    data: str = "wmt14"
+    preset: str = "base"
+    output_dir: str = "runs/wmt_ende"
+    train_steps: int = None
+    tokens_per_batch: int = None
+    vocab_size: int = None
+    max_length: int = None
+    checkpoint_every: int = None
+    average_last: int = None
+    grad_accum_steps: int = 1
+    mixed_precision: str = "none"
+    distribute: str = "auto"
+    seed: int = 0
+    beam_size: int = 4
+    alpha: float = 0.6
+    eval_sentences: int = None
+    jit_compile: str = "auto"
+    verbose: int = 1
+
+    def __post_init__(self):
+        if self.preset not in PRESET_DEFAULTS:
+            raise ValueError(
+                f"Unknown preset {self.preset!r}; choose from {sorted(PRESET_DEFAULTS)}"
+            )
+        for name, value in PRESET_DEFAULTS[self.preset].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.mixed_precision not in ("none", "mixed_float16", "mixed_bfloat16"):
+            raise ValueError(
+                "mixed_precision must be none, mixed_float16 or mixed_bfloat16, "
+                f"received {self.mixed_precision!r}"
+            )
+        if self.distribute not in ("auto", "none", "mirrored", "multiworker"):
+            raise ValueError(
+                "distribute must be auto, none, mirrored or multiworker, "
+                f"received {self.distribute!r}"
+            )
+        for name in ("train_steps", "tokens_per_batch", "vocab_size", "checkpoint_every",
+                     "average_last", "grad_accum_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, received {getattr(self, name)}")
+
+
+# --- data --------------------------------------------------------------------
+
+
+def split_paths(directory):
+    """`{split: (en_path, de_path)}` of a corpus folder, checked to exist."""
+    directory = pathlib.Path(directory)
+    paths = {s: (directory / f"{s}.en", directory / f"{s}.de") for s in SPLITS}
+    missing = [str(p) for pair in paths.values() for p in pair if not p.exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"corpus folder {directory} must hold train/valid/test .en/.de files "
+            f"(the layout of shared/data/multi30k); missing: {', '.join(missing)}"
+        )
+    return paths
+
+
+def prepare_corpus(data, work_dir, *, seed=0):
+    """Returns `{split: (en_path, de_path)}` for `--data`.
+
+    Args:
+        data: `"demo"` (generated offline, see `keras_transformer.data.demo`),
+            `"wmt14"` (tensorflow-datasets; needs internet the first time), or
+            a folder with `{train,valid,test}.{en,de}`.
+        work_dir: where generated or exported text goes.
+        seed: demo corpus seed.
+    """
+    from keras_transformer import data as kt_data
+
+    work_dir = pathlib.Path(work_dir)
+    if data == "demo":
+        directory = work_dir / "demo"
+        if not (directory / "test.de").exists():
+            kt_data.write_demo_corpus(directory, seed=seed)
+        return split_paths(directory)
+    if data == "wmt14":
+        directory = work_dir / "wmt14"
+        if not (directory / "test.de").exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            # tfds names: train (4.5M pairs), validation (newstest2013),
+            # test (newstest2014).
+            for split, tfds_split in (("train", "train"), ("valid", "validation"),
+                                      ("test", "test")):
+                dataset = kt_data.load_wmt14(tfds_split)
+                pairs = ((s.decode("utf-8"), t.decode("utf-8"))
+                         for s, t in dataset.as_numpy_iterator())
+                kt_data.write_parallel_text(pairs, directory / f"{split}.en",
+                                            directory / f"{split}.de")
+        return split_paths(directory)
+    return split_paths(data)
+
+
+def load_or_train_tokenizer(paths, vocab_size, model_file, *, verbose=True):
+    """Reuses `model_file` when it exists, else trains it on train.en + train.de."""
+    from keras_transformer import data as kt_data
+
+    model_file = pathlib.Path(model_file)
+    if model_file.exists():
+        tokenizer = kt_data.Tokenizer.load(model_file)
+        if verbose:
+            print(f"Reusing tokenizer {model_file} "
+                  f"(vocabulary {tokenizer.vocabulary_size()})")
+        return tokenizer
+    model_file.parent.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    tokenizer = kt_data.train_tokenizer(list(paths["train"]), vocab_size, model_file)
+    if verbose:
+        print(f"Trained shared tokenizer {model_file} (vocabulary "
+              f"{tokenizer.vocabulary_size()}) in {time.time() - start:.1f} s")
+    return tokenizer
+
+
+# --- distribution ------------------------------------------------------------
+
+
+def get_strategy(kind="auto"):
+    """Chooses how to spread training over devices.
+
+    TensorFlow backend: `"auto"` gives `tf.distribute.MirroredStrategy` when
+    several GPUs are visible, else none; `"mirrored"` forces it (also over
+    logical CPU devices); `"multiworker"` gives
+    `MultiWorkerMirroredStrategy` from the `TF_CONFIG` environment variable.
+    JAX backend: `"auto"`/`"mirrored"` set `keras.distribution.DataParallel`
+    over all local devices when there are several. PyTorch backend: single
+    device only.
+
+    Returns:
+        A `tf.distribute.Strategy` or `None` (no strategy scope needed).
+    """
+    backend = keras.backend.backend()
+    if kind == "none":
+        return None
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if kind == "auto":
+            gpus = tf.config.list_logical_devices("GPU")
+            return tf.distribute.MirroredStrategy() if len(gpus) > 1 else None
+        if kind == "mirrored":
+            return tf.distribute.MirroredStrategy()
+        if kind == "multiworker":
+            if "TF_CONFIG" not in os.environ:
+                raise ValueError(
+                    "--distribute multiworker needs the TF_CONFIG environment variable "
+                    "(cluster and task of this worker)"
+                )
+            return tf.distribute.MultiWorkerMirroredStrategy()
+    elif backend == "jax":
+        import jax
+
+        if kind == "multiworker":
+            raise ValueError(
+                "multi-worker training is supported on the TensorFlow backend "
+                "(MultiWorkerMirroredStrategy); on JAX call jax.distributed.initialize() "
+                "and use keras.distribution yourself"
+            )
+        devices = jax.devices()
+        if len(devices) > 1:
+            keras.distribution.set_distribution(
+                keras.distribution.DataParallel(devices=devices))
+        elif kind == "mirrored":
+            print("Only one JAX device is visible: training on it.")
+        return None
+    elif kind in ("mirrored", "multiworker"):
+        raise ValueError(
+            f"--distribute {kind} needs the TensorFlow (or JAX) backend; the "
+            f"{backend} backend trains on one device"
+        )
+    return None
+
+
+def num_replicas(strategy):
+    if strategy is not None:
+        return strategy.num_replicas_in_sync
+    distribution = keras.distribution.distribution()
+    if distribution is not None:
+        return len(distribution.device_mesh.devices.flatten())
+    return 1
+
+
+# --- the job -----------------------------------------------------------------
+
+
+def _jit_compile(setting):
+    if setting == "auto":
+        return "auto"
+    return setting in ("true", "1", True)
+
+
+def read_backup_step(backup_dir):
+    """The epoch recorded by `BackupAndRestore` in `backup_dir`, or 0."""
+    metadata = pathlib.Path(backup_dir) / "training_metadata.json"
+    if not metadata.exists():
+        return 0
+    try:
+        return int(json.loads(metadata.read_text()).get("epoch", 0))
+    except (ValueError, OSError):
+        return 0
+
+
+def build_callbacks(settings, output_dir, *, validation=True):
+    """Progress bar, resumable backups, checkpoints, logs, NaN guard."""
+    from keras_transformer.training import LearningRateLogger, StepCheckpoint
+
+    output_dir = pathlib.Path(output_dir)
+    return [
+        LearningRateLogger(),
+        keras.callbacks.BackupAndRestore(str(output_dir / "backup"), save_freq="epoch",
+                                         double_checkpoint=True),
+        StepCheckpoint(output_dir / "checkpoints", every_n_steps=settings.checkpoint_every,
+                       keep=settings.average_last),
+        keras.callbacks.CSVLogger(str(output_dir / "training_log.csv"), append=True),
+        keras.callbacks.TerminateOnNaN(),
+    ] + ([keras.callbacks.TensorBoard(str(output_dir / "tensorboard"))]
+         if keras.backend.backend() == "tensorflow" else [])
+
+
+def run(settings):
+    """Runs the whole job; returns a dict of results and written paths."""
+    from keras_transformer import data as kt_data
+    from keras_transformer.model import build_model
+    from keras_transformer.training import (
+        average_checkpoints,
+        compile_model,
+        list_checkpoints,
+        plot_training,
+    )
+    from keras_transformer.translate import Translator, evaluate_bleu
+
+    s = settings
+    output_dir = pathlib.Path(s.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    keras.utils.set_random_seed(s.seed)
+    say = print if s.verbose else (lambda *a, **k: None)
+    say(f"Keras {keras.__version__}, backend {keras.backend.backend()}; "
+        f"output in {output_dir}")
+
+    # Data and the shared vocabulary.
+    paths = prepare_corpus(s.data, output_dir / "data", seed=s.seed)
+    tokenizer = load_or_train_tokenizer(paths, s.vocab_size, output_dir / "spm.model",
+                                        verbose=s.verbose)
+    config = TransformerConfig.preset(s.preset, vocab_size=tokenizer.vocabulary_size(),
+                                      max_length=s.max_length)
+    train_pairs = kt_data.load_parallel_text(*paths["train"])
+    valid_pairs = kt_data.load_parallel_text(*paths["valid"])
+    counts = kt_data.count_length_policy(train_pairs, tokenizer, s.max_length)
+    say(f"Training pairs: {len(train_pairs)} ({train_pairs.num_dropped} empty lines "
+        f"dropped); {counts}")
+
+    # Model under the strategy's scope.
+    if s.mixed_precision != "none":
+        keras.mixed_precision.set_global_policy(s.mixed_precision)
+    strategy = get_strategy(s.distribute)
+    replicas = num_replicas(strategy)
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    train_ds = kt_data.make_dataset(train_pairs, tokenizer,
+                                    tokens_per_batch=s.tokens_per_batch,
+                                    max_length=s.max_length, training=True, repeat=True,
+                                    num_replicas=replicas, seed=s.seed)
+    valid_ds = kt_data.make_dataset(valid_pairs, tokenizer,
+                                    tokens_per_batch=s.tokens_per_batch,
+                                    max_length=s.max_length, training=False,
+                                    num_replicas=replicas)
+    with scope:
+        model = build_model(config)
+        compile_model(model, gradient_accumulation_steps=s.grad_accum_steps,
+                      jit_compile=_jit_compile(s.jit_compile))
+    say(f"Model: preset {s.preset}, {model.count_params():,} parameters, "
+        f"{replicas} replica(s)")
+
+    # Train: an "epoch" is `checkpoint_every` batches, so the resumable
+    # backup (at epoch ends) and the step checkpoints line up.
+    steps_per_epoch = s.checkpoint_every * s.grad_accum_steps
+    epochs = math.ceil(s.train_steps / s.checkpoint_every)
+    resumed_epoch = read_backup_step(output_dir / "backup")
+    if resumed_epoch:
+        say(f"Resuming from the backup at epoch {resumed_epoch} "
+            f"(update {resumed_epoch * s.checkpoint_every})")
+    else:
+        say(f"Starting training at step 0: {s.train_steps} updates")
+    start = time.time()
+    history = model.fit(
+        train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
+        validation_data=valid_ds, callbacks=build_callbacks(s, output_dir),
+        verbose=s.verbose if s.verbose in (0, 1, 2) else 1,
+    )
+    train_seconds = time.time() - start
+    final_step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    say(f"Training finished at update {final_step} in {train_seconds:.0f} s")
+
+    # Average the last checkpoints (section 6.1).
+    checkpoints = [p for _, p in list_checkpoints(output_dir / "checkpoints")]
+    checkpoints = checkpoints[-s.average_last:]
+    averaged = output_dir / "averaged.weights.h5"
+    if checkpoints:
+        average_checkpoints(checkpoints, averaged)
+        model.load_weights(averaged)
+        say(f"Averaged {len(checkpoints)} checkpoints -> {averaged}")
+    model_path = output_dir / "model.keras"
+    model.save(model_path)
+
+    # Beam search the test set, score with sacreBLEU.
+    translator = Translator(model, tokenizer)
+    hypotheses_path = output_dir / "test.hyp.de"
+    result = evaluate_bleu(translator, paths["test"][0], paths["test"][1],
+                           beam_size=s.beam_size, alpha=s.alpha,
+                           max_sentences=s.eval_sentences, output_file=hypotheses_path,
+                           progress=bool(s.verbose), verbose=bool(s.verbose))
+
+    plot_path = output_dir / "training.png"
+    plot_training(output_dir / "training_log.csv", plot_path)
+
+    samples = kt_data.load_parallel_text(*paths["test"])
+    say("\nSample translations (test split):")
+    for i in range(min(3, len(result.hypotheses))):
+        say(f"  EN:  {samples[i][0]}\n  REF: {samples[i][1]}\n  HYP: {result.hypotheses[i]}")
+    say("\nWritten:")
+    written = {
+        "tokenizer": output_dir / "spm.model",
+        "model": model_path,
+        "averaged_weights": averaged if checkpoints else None,
+        "checkpoints": output_dir / "checkpoints",
+        "training_log": output_dir / "training_log.csv",
+        "plot": plot_path,
+        "hypotheses": hypotheses_path,
+    }
+    for name, path in written.items():
+        if path is not None:
+            say(f"  {name:17s} {path}")
+    summary = {
+        "bleu": result.bleu, "chrf": result.chrf, "bleu_signature": result.bleu_signature,
+        "final_step": final_step, "train_seconds": train_seconds,
+        "parameters": model.count_params(), "backend": keras.backend.backend(),
+        "settings": dataclasses.asdict(s),
+    }
+    (output_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    return {"result": result, "model": model, "tokenizer": tokenizer,
+            "history": history.history, "paths": written, "summary": summary}
+
