@@ -6,6 +6,20 @@ from keras import ops
 from keras_transformer.api import register
 
 
+def _multi_replica_context():
+    """The tf.distribute replica context of a multi-replica step, else None."""
+    if keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return None
+    return context
+
+
 @register
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy with label smoothing (Szegedy et al., 2016), ignoring padding.
@@ -19,7 +33,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     which needs no one-hot `(batch, T, vocab)` tensor. Positions whose label is
     `pad_id` contribute nothing; the default reduction is the mean over
     non-pad tokens (weighted by `sample_weight` when given). Logits are taken
-    in float32.
+    in float32. Under `tf.distribute` the mean is over the tokens of the
+    global batch (each replica divides its sum by the all-reduced token
+    count), so training matches a single device on the same global batch.
 
     Args:
         label_smoothing: eps in [0, 1).
@@ -60,7 +76,19 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             while len(sample_weight.shape) < len(weights.shape):
                 sample_weight = ops.expand_dims(sample_weight, -1)
             weights = weights * sample_weight
-        return super().__call__(y_true, y_pred, sample_weight=weights)
+        replica_context = _multi_replica_context()
+        if self.reduction != "mean_with_sample_weight" or replica_context is None:
+            return super().__call__(y_true, y_pred, sample_weight=weights)
+        # Under tf.distribute each replica sees a slice of the global batch.
+        # Dividing by the global token count (fairseq's normalisation) makes
+        # the summed replica gradients equal the single-device gradient of
+        # the mean over all non-pad tokens, whatever the split. The result
+        # is already "scaled for distribution" in Keras' sense.
+        import tensorflow as tf
+
+        total = ops.sum(ops.cast(self.call(y_true, y_pred), "float32") * weights)
+        count = replica_context.all_reduce(tf.distribute.ReduceOp.SUM, ops.sum(weights))
+        return ops.divide_no_nan(total, count)
 
     def call(self, y_true, y_pred):
         labels = ops.cast(y_true, "int32")
