@@ -160,12 +160,13 @@ def _encoded(pairs, tokenizer, max_length, *, truncate, batch_size):
 def make_dataset(pairs, tokenizer, *, tokens_per_batch, max_length, training,
                  boundaries=None, num_replicas=1, pad_to_bucket_boundary=True,
                  shuffle_buffer_size=None, seed=None, deterministic=None,
-                 repeat=False, drop_remainder=False):
+                 repeat=False, drop_remainder=False, cache=True):
     """Builds the batched, length-bucketed dataset that `model.fit` consumes.
 
-    Steps: shuffle the pairs (training), tokenize them in the graph, add
-    BOS/EOS, apply the length policy (drop over-long pairs for training,
-    truncate them for evaluation; see the module docstring), group pairs by
+    Steps: tokenize the pairs in the graph, add BOS/EOS, apply the length
+    policy (drop over-long pairs for training, truncate them for evaluation;
+    see the module docstring), cache the ids in memory (`cache=True`:
+    tokenization runs in the first epoch only), shuffle (training), group pairs by
     `max(len(source_ids), len(target_ids))` into the fixed buckets of
     `boundaries`, pad (with 0) and batch each bucket with its own batch size,
     and prefetch.
@@ -207,6 +208,9 @@ def make_dataset(pairs, tokenizer, *, tokens_per_batch, max_length, training,
         repeat: repeat the pairs indefinitely before bucketing (no partial
             batches); otherwise one pass is one epoch.
         drop_remainder: drop each bucket's last, partial batch.
+        cache: keep the tokenized pairs in memory after the first pass (about
+            8 bytes per token plus ~100 bytes per pair); turn it off for
+            corpora that do not fit.
 
     Returns:
         A `tf.data.Dataset` of `({"source_ids": (batch, L), "target_ids":
@@ -244,20 +248,27 @@ def make_dataset(pairs, tokenizer, *, tokens_per_batch, max_length, training,
         seed = 0
 
     dataset, size = _as_string_pairs(pairs)
-    if training:
-        buffer = shuffle_buffer_size or size or 100_000
-        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
+    # Tokenize in batches (one tf-text call per 1024 pairs, in parallel), then
+    # work on single pairs: the length policy and the bucketing are per pair.
     dataset = _encoded(dataset, tokenizer, max_length, truncate=not training,
                        batch_size=1024).unbatch()
-    if training:
+    # unbatch() gives rank-0-ragged specs; a map turns them into plain tensors,
+    # which padded_batch needs.
+    dataset = dataset.map(dict)
+    if training:  # the length policy; evaluation has truncated already
         dataset = dataset.filter(
             lambda x: tf.logical_and(
                 tf.size(x["source_ids"]) <= max_length,
                 tf.size(x["labels"]) <= max_length,
             )
         )
+    if cache:
+        dataset = dataset.cache()
+    if training:
+        buffer = shuffle_buffer_size or size or 100_000
+        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        dataset = dataset.repeat()
 
     bounds = tf.constant(boundaries, tf.int64)
     sizes = tf.constant(batch_sizes, tf.int64)

@@ -22,6 +22,7 @@ Training options, chosen so that `detokenize(tokenize(s)) == s`:
   emoji, CJK) survive the round trip.
 """
 
+import hashlib
 import io
 import os
 import pathlib
@@ -29,6 +30,7 @@ import pathlib
 import sentencepiece
 import tensorflow as tf
 import tensorflow_text
+from tensorflow_text.python.ops import sentencepiece_tokenizer as _tf_text_sentencepiece
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.data.readers import iter_lines
@@ -38,6 +40,31 @@ _SPECIAL_IDS = {
     name: getattr(TransformerConfig, name)
     for name in ("pad_id", "bos_id", "eos_id", "unk_id")
 }
+
+
+class _SharedModelResource(_tf_text_sentencepiece._SentencepieceModelResource):
+    """tf-text's SentencePiece model resource, created under a shared name.
+
+    tf-text creates the model as a kernel-owned resource (its TODO
+    b/318839908). TensorFlow deletes such a resource whenever the eager kernel
+    cache is cleared, which `tf.random.set_seed` (so also
+    `keras.utils.set_random_seed`) does; every later call then fails with
+    "Resource .../SentencepieceOp/... does not exist". Under a shared name
+    the resource belongs to the resource manager and survives. The name is
+    the model's hash, so equal models share one read-only resource.
+    """
+
+    def __init__(self, model):
+        self._shared_name = (
+            "keras_transformer_sentencepiece_" + hashlib.sha256(model).hexdigest()[:24]
+        )
+        super().__init__(model, "SentencepieceModel")
+
+    def _create_resource(self):
+        with tf.name_scope(self._name):
+            return _tf_text_sentencepiece.gen_sentencepiece_tokenizer.sentencepiece_op(
+                model=self._model, shared_name=self._shared_name
+            )
 
 
 class Tokenizer(tf.Module):
@@ -101,6 +128,8 @@ class Tokenizer(tf.Module):
             self._sentencepiece = tensorflow_text.SentencepieceTokenizer(
                 model=model_proto, out_type=tf.int32
             )
+            # Replace the kernel-owned model (see _SharedModelResource).
+            self._sentencepiece._model_resource = _SharedModelResource(model_proto)
 
     @classmethod
     def load(cls, model_file):

@@ -1,0 +1,209 @@
+"""Tests of keras_transformer.data.tokenizer: training, graph ops, round trips, export."""
+
+import collections
+import unicodedata
+
+import numpy as np
+import pytest
+import sentencepiece
+import tensorflow as tf
+
+from keras_transformer import TransformerConfig
+from keras_transformer.data import Tokenizer, train_tokenizer
+from keras_transformer.data.demo import generate_pairs
+
+
+@pytest.fixture(scope="module")
+def demo_files(tmp_path_factory):
+    """A small English and German text file from the demo generator."""
+    folder = tmp_path_factory.mktemp("demo_text")
+    pairs = generate_pairs(3000, seed=7)
+    paths = folder / "demo.en", folder / "demo.de"
+    for path, side in zip(paths, zip(*pairs)):
+        path.write_text("\n".join(side) + "\n", encoding="utf-8")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer(demo_files, tmp_path_factory):
+    model_file = tmp_path_factory.mktemp("demo_model") / "demo.model"
+    return train_tokenizer(demo_files, 600, model_file)
+
+
+@pytest.fixture(scope="module")
+def _cache():
+    return {}
+
+
+@pytest.fixture
+def multi30k_tokenizer(shared_data, _cache, tmp_path_factory):
+    """The shared 8,000-token vocabulary of Multi30k train (trained once per module)."""
+    if "multi30k" not in _cache:
+        folder = shared_data / "multi30k"
+        model_file = tmp_path_factory.mktemp("multi30k_model") / "multi30k.model"
+        _cache["multi30k"] = train_tokenizer(
+            [folder / "train.en", folder / "train.de"], 8000, model_file)
+    return _cache["multi30k"]
+
+
+def _processor(tokenizer):
+    """The sentencepiece Python library on the same model: an independent reference."""
+    return sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_proto)
+
+
+def test_special_ids_match_the_model_config(demo_tokenizer):
+    config = TransformerConfig()
+    assert demo_tokenizer.pad_id == config.pad_id == 0
+    assert demo_tokenizer.bos_id == config.bos_id == 1
+    assert demo_tokenizer.eos_id == config.eos_id == 2
+    assert demo_tokenizer.unk_id == config.unk_id == 3
+    assert [demo_tokenizer.id_to_token(i) for i in range(4)] == [
+        "<pad>", "<s>", "</s>", "<unk>"]
+    assert demo_tokenizer.vocabulary_size() == 600
+    assert demo_tokenizer.token_to_id("<0x41>") == 4 + 0x41  # byte fallback pieces
+
+
+def test_graph_tokenize_equals_sentencepiece_python(demo_tokenizer, demo_files):
+    lines = demo_files[1].read_text(encoding="utf-8").splitlines()[:500]
+    ids = demo_tokenizer.tokenize(lines)
+    assert isinstance(ids, tf.RaggedTensor)
+    assert ids.to_list() == _processor(demo_tokenizer).encode(lines)
+    # A scalar gives a dense vector.
+    single = demo_tokenizer.tokenize(lines[0])
+    assert single.shape.rank == 1
+    assert single.numpy().tolist() == _processor(demo_tokenizer).encode(lines[0])
+
+
+def test_round_trip_of_unusual_text(demo_tokenizer):
+    texts = [
+        "Straße, Äpfel & Öl — 3,50 €",
+        "two  spaces,\ttab and trailing space ",
+        "Bytes: 日本語 🙂 \u00a0(no-break space) \u00ad(soft hyphen) ´",
+        "",
+    ]
+    ids = demo_tokenizer.tokenize(texts)
+    out = [s.decode("utf-8") for s in demo_tokenizer.detokenize(ids).numpy()]
+    assert out == texts
+    # Characters outside the demo vocabulary are bytes, not <unk>.
+    assert demo_tokenizer.unk_id not in ids.flat_values.numpy()
+    # The one documented exception: leading whitespace is dropped.
+    assert demo_tokenizer.detokenize(demo_tokenizer.tokenize("  x")).numpy() == b"x"
+
+
+def test_detokenize_skips_pad_bos_and_eos(demo_tokenizer):
+    text = "Anna hat am 5. Mai 2021 einundzwanzig Äpfel gekauft."
+    ids = demo_tokenizer.tokenize(text).numpy().tolist()
+    padded = np.array([[1] + ids + [2, 0, 0]], np.int32)
+    assert demo_tokenizer.detokenize(padded).numpy().tolist() == [text.encode()]
+    assert demo_tokenizer.detokenize([ids]).numpy().tolist() == [text.encode()]
+    assert demo_tokenizer.detokenize(tf.constant(ids, tf.int64)).numpy() == text.encode()
+
+
+def test_tokenize_inside_tf_data_and_tf_function(demo_tokenizer):
+    texts = ["The train to Vienna leaves at 2:30 PM on Monday.", "Es ist 14:30 Uhr."]
+    eager = demo_tokenizer.tokenize(texts).to_list()
+    dataset = tf.data.Dataset.from_tensor_slices(texts).map(demo_tokenizer.tokenize)
+    assert [x.numpy().tolist() for x in dataset] == eager
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def round_trip(text):
+        return demo_tokenizer.detokenize(demo_tokenizer.tokenize(text))
+
+    assert [s.decode() for s in round_trip(tf.constant(texts)).numpy()] == texts
+
+
+def test_load_gives_the_same_tokenizer(demo_tokenizer):
+    loaded = Tokenizer.load(demo_tokenizer.model_file)
+    assert loaded.model_proto == demo_tokenizer.model_proto
+    assert loaded.model_file == demo_tokenizer.model_file
+    text = ["Kannst du mich morgen um 9:05 Uhr anrufen?"]
+    assert loaded.tokenize(text).to_list() == demo_tokenizer.tokenize(text).to_list()
+
+
+def test_tokenizer_survives_a_saved_model(demo_tokenizer, tmp_path):
+    module = tf.Module()
+    module.tokenizer = demo_tokenizer
+    module.tokenize = tf.function(
+        lambda text: demo_tokenizer.tokenize(text).to_tensor(),
+        input_signature=[tf.TensorSpec([None], tf.string)],
+    )
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    restored = tf.saved_model.load(str(tmp_path / "saved"))
+    text = tf.constant(["Der Zug nach München fährt um 7:45 Uhr ab."])
+    np.testing.assert_array_equal(restored.tokenize(text).numpy(),
+                                  demo_tokenizer.tokenize(text).to_tensor().numpy())
+
+
+def test_training_is_deterministic(demo_files, demo_tokenizer, tmp_path):
+    again = train_tokenizer(demo_files, 600, tmp_path / "again.model")
+    assert again.model_proto == demo_tokenizer.model_proto
+
+
+def test_rejects_a_model_with_other_special_ids(demo_files, tmp_path):
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(demo_files[0]), model_prefix=str(tmp_path / "default_ids"),
+        vocab_size=300, minloglevel=2)  # defaults: unk=0, bos=1, eos=2, no pad
+    with pytest.raises(ValueError, match=r"default_ids\.model has special ids .*pad_id=0"):
+        Tokenizer.load(tmp_path / "default_ids.model")
+
+
+def test_bad_arguments_are_named(demo_files, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.model"):
+        Tokenizer.load(tmp_path / "missing.model")
+    (tmp_path / "junk.model").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="junk.model is not a SentencePiece model"):
+        Tokenizer.load(tmp_path / "junk.model")
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        train_tokenizer([tmp_path / "nowhere.txt"], 100, tmp_path / "x.model")
+    with pytest.raises(ValueError, match="sets \\['pad_id'\\] itself"):
+        train_tokenizer(demo_files, 300, tmp_path / "x.model", pad_id=5)
+    with pytest.raises(ValueError, match="model_type"):
+        train_tokenizer(demo_files, 300, tmp_path / "x.model", model_type="word")
+
+
+def test_multi30k_shared_vocabulary(multi30k_tokenizer, shared_data):
+    assert multi30k_tokenizer.vocabulary_size() == 8000
+    lines = (shared_data / "multi30k" / "valid.de").read_text(encoding="utf-8").splitlines()
+    ids = multi30k_tokenizer.tokenize(lines)
+    assert ids.to_list() == _processor(multi30k_tokenizer).encode(lines)
+    # One vocabulary for both languages: English and German words both have pieces.
+    assert multi30k_tokenizer.token_to_id("▁dog") != multi30k_tokenizer.unk_id
+    assert multi30k_tokenizer.token_to_id("▁Hund") != multi30k_tokenizer.unk_id
+
+
+def _exception_kind(line, decoded):
+    if line.strip() != line and decoded == line.lstrip():
+        return "leading whitespace"
+    if unicodedata.normalize("NFKC", line) == unicodedata.normalize("NFKC", decoded):
+        return "unicode normalisation"
+    return "other"
+
+
+@pytest.mark.parametrize("language", ["en", "de"])
+def test_newstest2014_round_trip(multi30k_tokenizer, shared_data, language):
+    path = shared_data / "wmt14_newstest" / f"test.{language}"
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == 3003
+    decoded = multi30k_tokenizer.detokenize(multi30k_tokenizer.tokenize(lines)).numpy()
+    decoded = [s.decode("utf-8") for s in decoded]
+    failures = [(i, line, out) for i, (line, out) in enumerate(zip(lines, decoded))
+                if line != out]
+    rate = 1 - len(failures) / len(lines)
+    kinds = collections.Counter(_exception_kind(line, out) for _, line, out in failures)
+    print(f"\nnewstest2014.{language}: {rate:.2%} of {len(lines)} lines round-trip "
+          f"identically; exceptions: {dict(kinds) or 'none'}")
+    for i, line, out in failures[:5]:
+        print(f"  line {i + 1}: {line!r} -> {out!r}")
+    assert rate >= 0.99
+
+
+def test_survives_keras_set_random_seed(demo_tokenizer):
+    # tf.random.set_seed clears TensorFlow's kernel cache, which deletes
+    # kernel-owned resources such as tf-text's default SentencePiece model.
+    import keras
+
+    text = "Es ist 9:05 Uhr."
+    before = demo_tokenizer.tokenize(text).numpy().tolist()
+    keras.utils.set_random_seed(1)
+    tf.random.set_seed(2)
+    assert demo_tokenizer.tokenize(text).numpy().tolist() == before
