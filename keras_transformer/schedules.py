@@ -17,13 +17,17 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     already applied, starting at 0. The paper numbers steps from 1, so the
     update being computed is `step_num = step + 1`: `schedule(0)` is the rate
     of the first update, equation (3) at step_num 1, never inf or nan.
-    Under gradient accumulation Keras only increments `iterations` on real
-    updates, so the schedule counts optimizer updates, not micro-batches.
+
+    Under gradient accumulation Keras calls the schedule with the number of
+    micro-batches seen, not of updates. Pass the same `accumulation_steps`
+    as the optimizer's `gradient_accumulation_steps` (`compile_model` does)
+    and the schedule counts optimizer updates: update n uses step_num n.
 
     Args:
         d_model: model width.
         warmup_steps: number of warm-up updates.
         scale: an extra multiplier (1.0 in the paper).
+        accumulation_steps: micro-batches per optimizer update.
 
     Example:
 
@@ -32,17 +36,23 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     0.000698771...
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, accumulation_steps=1):
         if not d_model or d_model < 1:
             raise ValueError(f"d_model must be positive, received {d_model!r}")
         if not warmup_steps or warmup_steps < 1:
             raise ValueError(f"warmup_steps must be positive, received {warmup_steps!r}")
+        if not accumulation_steps or accumulation_steps < 1:
+            raise ValueError(
+                f"accumulation_steps must be >= 1, received {accumulation_steps!r}"
+            )
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
+        self.accumulation_steps = accumulation_steps
 
     def __call__(self, step):
-        step_num = ops.cast(step, "float32") + 1.0
+        updates = ops.floor_divide(ops.cast(step, "int64"), self.accumulation_steps)
+        step_num = ops.cast(updates, "float32") + 1.0
         return (
             self.scale
             * (self.d_model ** -0.5)
@@ -51,4 +61,4 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps,
-                "scale": self.scale}
+                "scale": self.scale, "accumulation_steps": self.accumulation_steps}

@@ -26,7 +26,9 @@ def paper_optimizer(config, *, learning_rate=None, **kwargs):
             `gradient_accumulation_steps`).
     """
     if learning_rate is None:
-        learning_rate = TransformerSchedule(config.d_model, config.warmup_steps)
+        learning_rate = TransformerSchedule(
+            config.d_model, config.warmup_steps,
+            accumulation_steps=kwargs.get("gradient_accumulation_steps") or 1)
     return keras.optimizers.Adam(
         learning_rate=learning_rate, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **kwargs
     )
@@ -41,8 +43,8 @@ def compile_model(model, config=None, *, learning_rate=None,
         config: its `TransformerConfig`; defaults to `model.config`.
         learning_rate: replaces the paper's schedule (a float or schedule).
         gradient_accumulation_steps: accumulate this many micro-batches per
-            update. Keras then increments `optimizer.iterations` once per
-            update, so the schedule counts updates, not micro-batches.
+            update; the paper's schedule is told, so it counts updates, not
+            micro-batches.
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`,
             `steps_per_execution`).
 

@@ -84,3 +84,49 @@ def test_step_checkpoint_keeps_the_last_k(tiny_config, tmp_path):
     steps = [step for step, _ in kt.list_checkpoints(tmp_path / "ckpt")]
     assert steps == [4, 6, 8]
     assert not [p for p in (tmp_path / "ckpt").iterdir() if "partial" in p.name]
+
+
+def test_gradient_accumulation_equals_one_larger_batch(tiny_config):
+    """k accumulated micro-batches make one update equal to one k-times larger batch."""
+    config = tiny_config.replace(dropout=0.0)
+    k, micro = 3, 4
+    rng = np.random.default_rng(0)
+    # Unpadded micro-batches hold equal token counts, so the mean of their
+    # token means is the token mean of the large batch.
+    source = rng.integers(4, config.vocab_size, (k * micro, 6)).astype("int32")
+    target = rng.integers(4, config.vocab_size, (k * micro, 5)).astype("int32")
+    labels = rng.integers(4, config.vocab_size, (k * micro, 5)).astype("int32")
+    inputs = {"source_ids": source, "target_ids": target}
+
+    large = kt.build_model(config)
+    initial = large.get_weights()
+    large.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=LabelSmoothedCrossEntropy(0.1))
+    large.fit(inputs, labels, batch_size=k * micro, epochs=1, shuffle=False, verbose=0)
+
+    accumulated = kt.build_model(config)
+    accumulated.set_weights(initial)
+    accumulated.compile(optimizer=keras.optimizers.SGD(0.5, gradient_accumulation_steps=k),
+                        loss=LabelSmoothedCrossEntropy(0.1))
+    accumulated.fit(inputs, labels, batch_size=micro, epochs=1, shuffle=False, verbose=0)
+
+    assert int(keras.ops.convert_to_numpy(accumulated.optimizer.iterations)) == 1
+    moved = False
+    for a, b, w0 in zip(accumulated.get_weights(), large.get_weights(), initial):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        moved |= not np.allclose(b, w0)
+    assert moved
+
+
+def test_schedule_counts_updates_under_accumulation(tiny_config):
+    """After n updates of k micro-batches each, the schedule's step is n."""
+    config = tiny_config.replace(warmup_steps=50)
+    model = kt.compile_model(kt.build_model(config), gradient_accumulation_steps=4)
+    inputs, labels = random_pairs(config, num_pairs=24)
+    model.fit(inputs, labels, batch_size=2, epochs=1, verbose=0)  # 12 micro-batches
+    optimizer = model.optimizer
+    assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 3
+    np.testing.assert_allclose(
+        float(keras.ops.convert_to_numpy(optimizer.learning_rate)),
+        float(keras.ops.convert_to_numpy(TransformerSchedule(config.d_model, 50)(3))),
+        rtol=1e-6)
