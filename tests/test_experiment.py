@@ -1,0 +1,92 @@
+"""The end-to-end job: settings, corpus folders, and a killed run that resumes."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import pytest
+
+from keras_transformer.experiment import JobSettings, prepare_corpus, read_backup_step
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_settings_fill_preset_defaults_and_reject_bad_values():
+    settings = JobSettings(data="demo", preset="tiny")
+    assert settings.train_steps == 1500 and settings.vocab_size == 4000
+    assert JobSettings(preset="base").tokens_per_batch == 25_000
+    assert JobSettings(preset="tiny", train_steps=7).train_steps == 7
+    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
+        JobSettings(preset="huge")
+    with pytest.raises(ValueError, match="distribute"):
+        JobSettings(preset="tiny", distribute="horovod")
+    with pytest.raises(ValueError, match="train_steps must be >= 1"):
+        JobSettings(preset="tiny", train_steps=0)
+
+
+def test_corpus_folder_must_have_all_splits(tmp_path):
+    (tmp_path / "train.en").write_text("a\n")
+    with pytest.raises(FileNotFoundError, match="missing: .*train.de"):
+        prepare_corpus(str(tmp_path), tmp_path / "work")
+
+
+def test_shared_corpus_folder_is_accepted(shared_data, tmp_path):
+    paths = prepare_corpus(str(shared_data / "multi30k"), tmp_path)
+    assert paths["test"][0].name == "test.en"
+
+
+def _command(output_dir):
+    return [sys.executable, str(REPO / "examples" / "wmt_ende.py"), "--data", "demo",
+            "--preset", "tiny", "--train-steps", "24", "--checkpoint-every", "6",
+            "--average-last", "2", "--tokens-per-batch", "512", "--eval-sentences", "4",
+            "--beam-size", "2", "--output-dir", str(output_dir), "--verbose", "2"]
+
+
+@pytest.mark.slow
+def test_example_script_resumes_after_sigkill(tmp_path):
+    """Smoke test of examples/wmt_ende.py, killed with SIGKILL after a backup and re-run."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO),
+                                                        os.environ.get("PYTHONPATH", "")]),
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    output_dir = tmp_path / "run"
+    log = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen(_command(output_dir), env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    try:
+        while read_backup_step(output_dir / "backup") < 2:
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.time() < deadline, "no backup within 10 minutes"
+            time.sleep(0.2)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        log.close()
+    killed_at = read_backup_step(output_dir / "backup")
+    assert killed_at >= 2
+    first_log = (tmp_path / "first.log").read_text()
+    assert "Starting training at step 0" in first_log
+
+    second = subprocess.run(_command(output_dir), env=env, capture_output=True, text=True,
+                            timeout=900)
+    output = second.stdout + second.stderr
+    assert second.returncode == 0, output[-4000:]
+    assert "Resuming from the backup at epoch" in output, output[-4000:]
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["final_step"] == 24
+    # Fewer epochs ran the second time: it did not start over.
+    assert output.count("Epoch ") <= 4 - killed_at + 1, output[-4000:]
+    # Every checkpoint left behind is a complete HDF5 file.
+    checkpoints = sorted((output_dir / "checkpoints").glob("*.weights.h5"))
+    assert [p.name for p in checkpoints] == ["ckpt-18.weights.h5", "ckpt-24.weights.h5"]
+    for path in checkpoints + [output_dir / "averaged.weights.h5"]:
+        with h5py.File(path, "r") as handle:
+            assert "layers" in handle or len(handle.keys()) > 0
+    for name in ["model.keras", "spm.model", "training.png", "test.hyp.de",
+                 "training_log.csv"]:
+        assert (output_dir / name).exists(), name
+    assert "BLEU" in output and "Sample translations" in output
