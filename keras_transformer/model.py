@@ -116,6 +116,53 @@ class Transformer(keras.Model):
             logits = self.output_projection(decoder_output)
         return keras.ops.cast(logits, "float32")
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras 3 (TensorFlow trainer, up to at least 3.15) builds a model
+        # under tf.distribute from the first batch reduced with a single
+        # `strategy.reduce("MEAN", batch)`, which MultiWorkerMirroredStrategy
+        # rejects for nested inputs such as our dict. The symbolic build only
+        # needs shapes and dtypes, so take the first replica's values instead.
+        strategy = getattr(self, "_distribute_strategy", None)
+        if strategy is None or iterator is None:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        import tensorflow as tf
+
+        for _, _, it in iterator:
+            data_batch = next(it)
+            break
+
+        def first_replica(value):
+            if isinstance(value, tf.distribute.DistributedValues):
+                return strategy.experimental_local_results(value)[0]
+            return value
+
+        data_batch = keras.tree.map_structure(first_replica, data_batch)
+        return super()._maybe_symbolic_build(data_batch=data_batch)
+
+    def _in_multi_worker_mode(self):
+        strategy = getattr(self, "_distribute_strategy", None)
+        extended = getattr(strategy, "extended", None)
+        return bool(extended is not None and getattr(extended, "_in_multi_worker_mode",
+                                                      lambda: False)())
+
+    def _rank_one_logs(self, logs):
+        # Keras 3's TensorFlow trainer reduces step outputs under
+        # MultiWorkerMirroredStrategy with strategy.reduce("MEAN", v, axis=0),
+        # which fails on scalar logs ("Invalid reduction dimension 0 for input
+        # with 0 dimensions", tensorflow/tensorflow#72388). Metric values are
+        # already synchronised across workers, so shape (1,) reduces to the
+        # same scalar.
+        if not self._in_multi_worker_mode() or not isinstance(logs, dict):
+            return logs
+        return {k: keras.ops.reshape(v, (1,)) if len(getattr(v, "shape", (0,))) == 0
+                else v for k, v in logs.items()}
+
+    def train_step(self, *args, **kwargs):
+        return self._rank_one_logs(super().train_step(*args, **kwargs))
+
+    def test_step(self, *args, **kwargs):
+        return self._rank_one_logs(super().test_step(*args, **kwargs))
+
     def get_config(self):
         return {"config": self.config.to_dict(), "name": self.name,
                 "trainable": self.trainable}

@@ -73,3 +73,76 @@ def test_mirrored_strategy_matches_single_device(tmp_path):
     result = run_tf(_MIRRORED, tmp_path)
     assert result.returncode == 0 and "OK" in result.stdout, (
         result.stdout[-2000:] + result.stderr[-4000:])
+
+
+_WORKER = r"""
+import json, os, sys
+import numpy as np
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+import keras
+import keras_transformer as kt
+
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+config = kt.TransformerConfig.preset("tiny", vocab_size=60, num_layers=1, d_model=32,
+                                     num_heads=4, d_ff=64, dropout=0.0)
+rng = np.random.default_rng(0)  # same global data on both workers
+source = rng.integers(4, 60, (8, 7)).astype("int32")
+target = rng.integers(4, 60, (8, 6)).astype("int32")
+labels = rng.integers(4, 60, (8, 6)).astype("int32")
+data = tf.data.Dataset.from_tensors(({"source_ids": source, "target_ids": target}, labels))
+data = data.repeat()
+keras.utils.set_random_seed(task)  # different initial weights: the strategy must sync them
+with strategy.scope():
+    model = kt.compile_model(kt.build_model(config), learning_rate=1e-3)
+history = model.fit(data, epochs=3, steps_per_epoch=1, verbose=0)
+np.savez(sys.argv[1] + f"/worker{task}.npz", *model.get_weights())
+print("losses", history.history["loss"])
+"""
+
+
+def _free_ports(count):
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_strategy_two_processes(tmp_path):
+    import json
+
+    import numpy as np
+
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    processes = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CONFIG=json.dumps(tf_config),
+                   TF_CPP_MIN_LOG_LEVEL="2",
+                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        processes.append(subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=300)[0])
+    finally:
+        for process in processes:
+            process.kill()
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-4000:]
+    first = np.load(tmp_path / "worker0.npz")
+    second = np.load(tmp_path / "worker1.npz")
+    assert len(first.files) == len(second.files) > 0
+    for name in first.files:
+        np.testing.assert_array_equal(first[name], second[name])
+    assert "losses" in outputs[0]
