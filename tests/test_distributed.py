@@ -146,3 +146,46 @@ def test_multi_worker_mirrored_strategy_two_processes(tmp_path):
     for name in first.files:
         np.testing.assert_array_equal(first[name], second[name])
     assert "losses" in outputs[0]
+
+
+_JAX_DATA_PARALLEL = r"""
+import numpy as np
+import keras
+import keras_transformer as kt
+from keras_transformer.experiment import get_strategy, num_replicas
+
+config = kt.TransformerConfig.preset("tiny", vocab_size=60, num_layers=1, d_model=32,
+                                     num_heads=4, d_ff=64, dropout=0.0)
+rng = np.random.default_rng(0)
+inputs = {"source_ids": rng.integers(4, 60, (8, 7)).astype("int32"),
+          "target_ids": rng.integers(4, 60, (8, 6)).astype("int32")}
+labels = rng.integers(4, 60, (8, 6)).astype("int32")
+labels[:3, 4:] = 0
+
+keras.utils.set_random_seed(0)
+single = kt.compile_model(kt.build_model(config), learning_rate=1e-3)
+initial = single.get_weights()
+single_losses = single.fit(inputs, labels, batch_size=8, epochs=3, verbose=0).history["loss"]
+
+assert get_strategy("auto") is None
+assert num_replicas(None) == 2, num_replicas(None)
+parallel = kt.compile_model(kt.build_model(config), learning_rate=1e-3)
+parallel.set_weights(initial)
+losses = parallel.fit(inputs, labels, batch_size=8, epochs=3, verbose=0).history["loss"]
+print("single", single_losses, "data parallel", losses)
+np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
+print("OK")
+"""
+
+
+@pytest.mark.slow
+def test_jax_data_parallel_over_two_cpu_devices(tmp_path):
+    path = tmp_path / "jax_dp.py"
+    path.write_text(_JAX_DATA_PARALLEL)
+    env = dict(os.environ, KERAS_BACKEND="jax",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, str(path)], env=env, capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0 and "OK" in result.stdout, (
+        result.stdout[-2000:] + result.stderr[-4000:])
