@@ -1,0 +1,127 @@
+"""Attention heat-maps per head, like figures 3-5 of the paper."""
+
+import pathlib
+
+import numpy as np
+
+_KINDS = {
+    "cross": ("cross_attention", "target_tokens", "source_tokens",
+              "encoder-decoder attention"),
+    "encoder": ("encoder_self_attention", "source_tokens", "source_tokens",
+                "encoder self-attention"),
+    "decoder": ("decoder_self_attention", "target_tokens", "target_tokens",
+                "decoder self-attention"),
+}
+
+
+def plot_attention(attention, path, *, kind="cross", layer=-1, heads=None,
+                   query_tokens=None, key_tokens=None, columns=4, title=None,
+                   cell_size=0.32, dpi=100):
+    """Writes a PNG with one attention heat-map per head, tokens on the axes.
+
+    Rows are queries, columns keys, and a cell's darkness is the weight a
+    query gives a key. For encoder-decoder attention the rows are target
+    tokens and the columns source tokens.
+
+    Args:
+        attention: one sentence's record from
+            `Translator.translate(..., return_attention=True)` (a dict), or
+            an array of weights `(num_heads, T_q, T_k)` or `(T_q, T_k)`.
+        path: where to write the PNG (parent folders are created).
+        kind: with a record, which attention: `"cross"` (encoder-decoder),
+            `"encoder"` (encoder self-attention) or `"decoder"` (decoder
+            self-attention).
+        layer: with a record, the layer index (default the last one).
+        heads: head indices to draw (default all).
+        query_tokens, key_tokens: axis labels (taken from the record when
+            not given; required-length lists for an array).
+        columns: heads per row of the figure.
+        title: figure title (default: the kind and layer).
+        cell_size: inches per token on each axis.
+        dpi: resolution.
+
+    Returns:
+        The `pathlib.Path` of the written PNG.
+
+    Example:
+
+    >>> translations, attention = translator.translate(["The cat sat."],
+    ...                                                 return_attention=True)
+    >>> plot_attention(attention[0], "cross.png", kind="cross", layer=-1)
+    >>> plot_attention(attention[0], "encoder.png", kind="encoder", heads=[0, 1])
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if isinstance(attention, dict):
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {sorted(_KINDS)}, received {kind!r}")
+        key, query_key, key_key, label = _KINDS[kind]
+        weights = np.asarray(attention[key])
+        if weights.ndim != 4:
+            raise ValueError(
+                f"attention[{key!r}] must have shape (num_layers, num_heads, T_q, T_k), "
+                f"received shape {weights.shape}"
+            )
+        if not -weights.shape[0] <= layer < weights.shape[0]:
+            raise ValueError(
+                f"layer={layer} is out of range for {weights.shape[0]} layers"
+            )
+        num_layers = weights.shape[0]
+        weights = weights[layer]
+        query_tokens = attention[query_key] if query_tokens is None else query_tokens
+        key_tokens = attention[key_key] if key_tokens is None else key_tokens
+        title = title or f"{label}, layer {layer % num_layers + 1}"
+    else:
+        weights = np.asarray(attention)
+        if weights.ndim == 2:
+            weights = weights[None]
+        if weights.ndim != 3:
+            raise ValueError(
+                "attention must be a record dict or weights of shape "
+                f"(num_heads, T_q, T_k) or (T_q, T_k), received shape {weights.shape}"
+            )
+    weights = weights.astype("float32")
+    num_heads, num_queries, num_keys = weights.shape
+    query_tokens = (list(query_tokens) if query_tokens is not None
+                    else [str(i) for i in range(num_queries)])
+    key_tokens = (list(key_tokens) if key_tokens is not None
+                  else [str(i) for i in range(num_keys)])
+    if len(query_tokens) != num_queries or len(key_tokens) != num_keys:
+        raise ValueError(
+            f"weights of shape {weights.shape} need {num_queries} query tokens and "
+            f"{num_keys} key tokens, received {len(query_tokens)} and {len(key_tokens)}"
+        )
+    heads = list(range(num_heads)) if heads is None else list(heads)
+    for head in heads:
+        if not 0 <= head < num_heads:
+            raise ValueError(f"head {head} is out of range for {num_heads} heads")
+    if not heads or num_queries == 0 or num_keys == 0:
+        raise ValueError("nothing to plot: no heads or an empty sentence")
+
+    columns = max(1, min(columns, len(heads)))
+    rows = -(-len(heads) // columns)
+    panel_width = max(2.0, cell_size * num_keys + 1.2)
+    panel_height = max(2.0, cell_size * num_queries + 1.2)
+    figure = Figure(figsize=(panel_width * columns, panel_height * rows + 0.6), dpi=dpi)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False)
+    image = None
+    for n, axis in enumerate(axes.flat):
+        if n >= len(heads):
+            axis.set_axis_off()
+            continue
+        image = axis.imshow(weights[heads[n]], cmap="viridis", vmin=0.0, vmax=1.0,
+                            aspect="auto", interpolation="nearest")
+        axis.set_title(f"head {heads[n] + 1}", fontsize=9)
+        axis.set_xticks(range(num_keys))
+        axis.set_xticklabels(key_tokens, rotation=90, fontsize=7)
+        axis.set_yticks(range(num_queries))
+        axis.set_yticklabels(query_tokens, fontsize=7)
+    if title:
+        figure.suptitle(title)
+    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", bbox_inches="tight")
+    return path

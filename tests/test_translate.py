@@ -1,0 +1,199 @@
+"""Translator (batching, order, truncation, attention), sacreBLEU evaluation, plots."""
+
+import numpy as np
+import pytest
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.decoding import beam_search
+from keras_transformer.model import build_model
+from keras_transformer.plotting import plot_attention
+from keras_transformer.translate import Translator, evaluate_bleu, score_translations
+from layer_test_utils import to_np
+
+WORDS = [f"w{i}" for i in range(46)]  # with the 4 special tokens: 50 ids
+
+
+class WordTokenizer:
+    """A whitespace tokenizer with the model's special ids (a test stand-in)."""
+
+    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+
+    def __init__(self, words=WORDS):
+        self.pieces = ["<pad>", "<s>", "</s>", "<unk>"] + list(words)
+        self.index = {w: i for i, w in enumerate(self.pieces)}
+
+    def tokenize(self, strings):
+        return [[self.index.get(w, self.unk_id) for w in s.split()] for s in strings]
+
+    def detokenize(self, ids):
+        return [" ".join(self.pieces[i] for i in row if i > self.unk_id) for row in ids]
+
+    def vocabulary_size(self):
+        return len(self.pieces)
+
+    def id_to_token(self, token_id):
+        return self.pieces[token_id]
+
+
+def tiny_config(**overrides):
+    values = dict(vocab_size=50, num_layers=2, d_model=32, num_heads=4, d_ff=64,
+                  dropout=0.0, max_length=32)
+    values.update(overrides)
+    return TransformerConfig.preset("tiny", **values)
+
+
+@pytest.fixture(scope="module")
+def model():
+    import keras
+
+    keras.utils.set_random_seed(3)
+    return build_model(tiny_config())
+
+
+def sentences(count, seed=0):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, rng.integers(1, 12))) for _ in range(count)]
+
+
+def test_translate_matches_direct_decoding_in_input_order(model, capsys):
+    tokenizer = WordTokenizer()
+    # Width 16 for every batch: batches of 3 sorted sentences, then 1.
+    translator = Translator(model, tokenizer, batch_size=3, max_extra_length=5,
+                            length_multiple=16)
+    inputs = sentences(7) + ["", "   "]
+    translations = translator.translate(inputs, beam_size=2, alpha=0.6, progress=True)
+    assert "9/9" in capsys.readouterr().out  # the progress bar reached the end
+    assert len(translations) == 9 and translations[7:] == ["", ""]
+    # Reference: all sentences in one unsorted batch, decoded directly.
+    ids = [tokenizer.tokenize([s])[0] + [tokenizer.eos_id] for s in inputs[:7]]
+    source = np.zeros((7, max(map(len, ids))), "int32")
+    for row, row_ids in enumerate(ids):
+        source[row, :len(row_ids)] = row_ids
+    tokens, _ = beam_search(model, source, beam_size=2, alpha=0.6, max_extra_length=5)
+    for row, translation in enumerate(translations[:7]):
+        output = [int(t) for t in to_np(tokens)[row] if t != 0]
+        output = output[:output.index(2)] if 2 in output else output
+        assert translation == tokenizer.detokenize([output])[0]
+        assert len(output) <= len(ids[row]) + 5
+
+
+def test_encode_appends_eos_and_truncates_to_max_length(model):
+    translator = Translator(model, WordTokenizer())
+    ids = translator.encode(["w1 w2", " ".join(["w5"] * 100)])
+    assert ids[0] == [5, 6, 2]
+    assert len(ids[1]) == model.config.max_length and ids[1][-1] == 2
+    assert translator.translate([]) == []
+    with pytest.raises(TypeError, match="list of strings"):
+        translator.translate("w1 w2")
+
+
+def test_translator_checks_the_tokenizer(model):
+    class Shifted(WordTokenizer):
+        eos_id = 3
+
+    with pytest.raises(ValueError, match="eos_id"):
+        Translator(model, Shifted())
+    with pytest.raises(ValueError, match="vocabulary"):
+        Translator(model, WordTokenizer(WORDS + ["extra"]))
+
+
+def test_attention_weights_and_plots(model, tmp_path):
+    translator = Translator(model, WordTokenizer(), batch_size=4, max_extra_length=3)
+    inputs = ["w1 w2 w3 w4", "w7", "w9 w9"]
+    translations, attention = translator.translate(inputs, beam_size=1,
+                                                   return_attention=True)
+    assert translations == translator.translate(inputs, beam_size=1)
+    for sentence, translation, record in zip(inputs, translations, attention):
+        source_length = len(sentence.split()) + 1
+        assert record["source_tokens"] == sentence.split() + ["</s>"]
+        target_length = len(record["target_tokens"])
+        assert 1 <= target_length <= source_length + 3
+        words = [t for t in record["target_tokens"] if t not in ("</s>", "<unk>")]
+        assert " ".join(words) == translation
+        assert record["encoder_self_attention"].shape == (2, 4, source_length, source_length)
+        assert record["cross_attention"].shape == (2, 4, target_length, source_length)
+        assert record["decoder_self_attention"].shape == (2, 4, target_length, target_length)
+        for key in ("encoder_self_attention", "cross_attention", "decoder_self_attention"):
+            np.testing.assert_allclose(record[key].sum(-1), 1.0, atol=1e-5)
+        # Causal: no weight on later target positions.
+        assert np.all(np.triu(record["decoder_self_attention"], k=1) == 0)
+
+    from matplotlib.image import imread
+
+    for kind in ("cross", "encoder", "decoder"):
+        path = plot_attention(attention[0], tmp_path / "plots" / f"{kind}.png", kind=kind,
+                              layer=-1)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        image = imread(path)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 200
+        assert image[..., :3].std() > 0.05  # not a blank canvas
+    path = plot_attention(np.full((3, 4), 0.25), tmp_path / "array.png",
+                          query_tokens=list("abc"), key_tokens=list("wxyz"), heads=[0])
+    assert path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="kind"):
+        plot_attention(attention[0], tmp_path / "bad.png", kind="self")
+    with pytest.raises(ValueError, match="query tokens"):
+        plot_attention(np.ones((2, 3)), tmp_path / "bad.png", query_tokens=["a"])
+
+
+class ReferenceTranslator:
+    """Returns the reference of each source line: BLEU must be 100."""
+
+    def __init__(self, sources, references):
+        self.table = dict(zip(sources, references))
+        self.calls = []
+
+    def translate(self, lines, **kwargs):
+        self.calls.append(kwargs)
+        return [self.table[line] for line in lines]
+
+
+@pytest.mark.shared_data
+def test_evaluate_bleu_of_the_reference_is_100(shared_data, tmp_path, capsys):
+    folder = shared_data / "wmt14_newstest"
+    sources = (folder / "test.en").read_text(encoding="utf-8").splitlines()[:40]
+    references = (folder / "test.de").read_text(encoding="utf-8").splitlines()[:40]
+    translator = ReferenceTranslator(sources, references)
+    result = evaluate_bleu(translator, folder / "test.en", folder / "test.de",
+                           max_sentences=40, output_file=tmp_path / "hyp.de")
+    assert result.bleu == pytest.approx(100.0) and result.chrf == pytest.approx(100.0)
+    assert result.num_sentences == 40
+    assert translator.calls == [{"beam_size": 4, "alpha": 0.6, "progress": False}]
+    assert result.bleu_signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert result.bleu_signature in capsys.readouterr().out
+    assert (tmp_path / "hyp.de").read_text(encoding="utf-8").splitlines() == references
+
+
+def test_score_translations_bounds():
+    references = ["Der Hund biss den Mann.", "Es war nicht unerwartet."]
+    assert score_translations(references, references).bleu == pytest.approx(100.0)
+    assert score_translations(["x y z", "q r s"], references).bleu == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="hypotheses"):
+        score_translations(references, references[:1])
+
+
+def test_evaluate_bleu_checks_line_counts(tmp_path):
+    (tmp_path / "a.txt").write_text("x\ny\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("x\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="aligned"):
+        evaluate_bleu(ReferenceTranslator([], []), tmp_path / "a.txt", tmp_path / "b.txt")
+
+
+@pytest.mark.shared_data
+def test_translator_with_the_sentencepiece_tokenizer(shared_data, tmp_path, capsys):
+    from keras_transformer.data.tokenizer import train_tokenizer
+
+    folder = shared_data / "wmt14_newstest"
+    tokenizer = train_tokenizer([folder / "valid.en", folder / "valid.de"], vocab_size=400,
+                                model_file=tmp_path / "tiny.model", max_sentences=2000)
+    import keras
+
+    keras.utils.set_random_seed(0)
+    # Sources are truncated to 24 ids: one batch of 4 short decodes.
+    model = build_model(tiny_config(vocab_size=400, max_length=24))
+    translator = Translator(model, tokenizer, batch_size=4, max_extra_length=4)
+    result = evaluate_bleu(translator, folder / "test.en", folder / "test.de", beam_size=2,
+                           max_sentences=4)
+    assert len(result.hypotheses) == 4 and all(isinstance(h, str) for h in result.hypotheses)
+    assert 0.0 <= result.bleu <= 100.0 and 0.0 <= result.chrf <= 100.0
+    assert "BLEU = " in capsys.readouterr().out
