@@ -1,6 +1,7 @@
 """keras_transformer: the Transformer of "Attention Is All You Need" in Keras 3."""
 
 from keras_transformer.config import TransformerConfig
+from keras_transformer.decoding import beam_search, greedy_decode, length_penalty
 from keras_transformer.layers import (
     DecoderLayer,
     EncoderLayer,
@@ -13,6 +14,7 @@ from keras_transformer.layers import (
 )
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.model import Transformer, build_model
+from keras_transformer.plotting import plot_attention
 from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.training import (
     LearningRateLogger,
@@ -21,6 +23,8 @@ from keras_transformer.training import (
     compile_model,
     list_checkpoints,
     paper_optimizer,
+    plot_training,
 )
+from keras_transformer.translate import BleuResult, Translator, evaluate_bleu
 
 __version__ = "0.1.0"
