@@ -120,16 +120,46 @@ def expected_parameter_difference(config):
     return 2 * 2 * c["d_model"]
 
 
-def matmul_peak_gflops(size=2048, repeats=5):
-    """Best float32 GFLOP/s of a `(size, size) x (size, size)` numpy matmul."""
+def matmul_peak_gflops(library="numpy", size=2048, repeats=5):
+    """Best float32 GFLOP/s of a `(size, size) x (size, size)` matmul.
+
+    Each library has its own kernels (numpy: its BLAS, often OpenBLAS;
+    `"keras"`: `keras.ops.matmul` on the current backend, jitted under JAX;
+    `"torch"`: `torch.mm`), so the machine's peak is the best of them.
+
+    Args:
+        library: `"numpy"`, `"keras"` or `"torch"`.
+        size: matrix size.
+        repeats: timed products; the fastest counts.
+    """
     rng = np.random.default_rng(0)
     a = rng.random((size, size), dtype=np.float32)
     b = rng.random((size, size), dtype=np.float32)
-    a @ b  # warm-up: thread pool start, page faults
+    if library == "numpy":
+        product = lambda: a @ b  # noqa: E731
+    elif library == "torch":
+        import torch
+
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+        product = lambda: torch.mm(a, b)  # noqa: E731
+    elif library == "keras":
+        import keras
+
+        a, b = keras.ops.convert_to_tensor(a), keras.ops.convert_to_tensor(b)
+        if keras.backend.backend() == "jax":
+            import jax
+
+            matmul = jax.jit(keras.ops.matmul)
+            product = lambda: matmul(a, b).block_until_ready()  # noqa: E731
+        else:
+            product = lambda: keras.ops.matmul(a, b)  # noqa: E731
+    else:
+        raise ValueError(f"library must be numpy, keras or torch, received {library!r}")
+    product()  # warm-up: thread pools, page faults, compilation
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
-        a @ b
+        product()
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
 
@@ -137,6 +167,42 @@ def matmul_peak_gflops(size=2048, repeats=5):
 def peak_rss_mb():
     """Peak resident memory of this process, in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --- Other work on a shared machine ----------------------------------------------
+
+
+def machine_busy_seconds():
+    """CPU-seconds that all processes of this machine have been busy (Linux).
+
+    From the first line of /proc/stat: everything but idle and iowait. `None`
+    where /proc/stat is unavailable.
+    """
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = values[3] + values[4]  # idle, iowait
+    return (sum(values) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(max_seconds, threshold=0.25, sample_seconds=1.0):
+    """Waits (up to `max_seconds`) until other processes use < `threshold` cores.
+
+    Call it while the benchmark itself is idle: every busy core it sees is
+    someone else's. Returns the cores busy in the last sample (`None` if
+    /proc/stat is unavailable).
+    """
+    deadline = time.perf_counter() + max_seconds
+    while True:
+        before = machine_busy_seconds()
+        if before is None:
+            return None
+        time.sleep(sample_seconds)
+        busy = (machine_busy_seconds() - before) / sample_seconds
+        if busy < threshold or time.perf_counter() >= deadline:
+            return busy
 
 
 # --- The synthetic batch -------------------------------------------------------
@@ -333,18 +399,21 @@ def time_steps(trainer, steps):
 
     Returns:
         A dict: `seconds` (wall clock), `cpu_seconds` (CPU time of all this
-        process's threads), `load` (the 1-minute load average at the end: the
-        machine's other work shows up here) and the last `loss`.
+        process's threads), `other_cores` (the cores that other processes of
+        the machine kept busy meanwhile, on average; `None` without
+        /proc/stat) and the last `loss`.
     """
+    busy_start = machine_busy_seconds()
     start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(steps):
         loss = trainer.step()
-    return {
-        "seconds": time.perf_counter() - start,
-        "cpu_seconds": time.process_time() - cpu_start,
-        "load": os.getloadavg()[0],
-        "loss": loss,
-    }
+    seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
+    other_cores = None
+    if busy_start is not None:
+        other_cores = max(machine_busy_seconds() - busy_start - cpu_seconds, 0.0) / seconds
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "other_cores": other_cores,
+            "loss": loss}
 
 
 def resolve_config(preset, **overrides):
@@ -384,9 +453,11 @@ def start_trainer(kind, config, batch, options, warmup_steps):
 
     Returns:
         `(trainer, info)`, `info` a dict with `name`, `num_parameters`,
-        `jit_compile`, `first_step_seconds` (tracing and compilation) and
-        `build_seconds`.
+        `jit_compile`, `first_step_seconds` (tracing and compilation),
+        `build_seconds` and `matmul_peak_gflops` (of this framework's matmul,
+        measured first).
     """
+    matmul_peak = matmul_peak_gflops(kind, options.get("matmul_size", 2048))
     start = time.perf_counter()
     trainer = make_trainer(kind, config, batch, options)
     built = time.perf_counter()
@@ -399,10 +470,19 @@ def start_trainer(kind, config, batch, options, warmup_steps):
         "jit_compile": getattr(trainer, "jit_compile", False),
         "build_seconds": built - start,
         "first_step_seconds": first,
+        "matmul_peak_gflops": matmul_peak,
     }
 
 
 # --- Worker processes ----------------------------------------------------------
+
+
+def _closing(kind, options):
+    """Peak RSS after the timed rounds, and the framework's matmul peak again."""
+    return {
+        "peak_rss_mb": peak_rss_mb(),
+        "matmul_peak_gflops": matmul_peak_gflops(kind, options.get("matmul_size", 2048)),
+    }
 
 
 def _worker(connection, kind, config, batch, options, warmup_steps):
@@ -415,7 +495,7 @@ def _worker(connection, kind, config, batch, options, warmup_steps):
             if steps is None:
                 break
             connection.send(time_steps(trainer, steps))
-        connection.send({"peak_rss_mb": peak_rss_mb()})
+        connection.send(_closing(kind, options))
     except BaseException as error:  # report, then let the parent raise
         connection.send({"error": f"{kind} worker failed: {error!r}"})
         raise
@@ -425,6 +505,7 @@ class _InProcess:
     """The worker interface, for a trainer living in this process."""
 
     def __init__(self, kind, config, batch, options, warmup_steps):
+        self.kind, self.options = kind, options
         self.trainer, self.info = start_trainer(kind, config, batch, options,
                                                 warmup_steps)
 
@@ -432,7 +513,7 @@ class _InProcess:
         return time_steps(self.trainer, steps)
 
     def close(self):
-        return {"peak_rss_mb": peak_rss_mb()}
+        return _closing(self.kind, self.options)
 
 
 class _Subprocess:
@@ -469,9 +550,10 @@ class _Subprocess:
 # --- The benchmark -------------------------------------------------------------
 
 
-def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=2,
-                  warmup_steps=2, repeats=3, jit_compile="auto", torch_threads=None,
-                  pad_fraction=0.0, isolate=True, matmul_size=2048, log=print):
+def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=1,
+                  warmup_steps=2, repeats=7, jit_compile="auto", torch_threads=None,
+                  pad_fraction=0.0, isolate=True, matmul_size=2048, wait_for_quiet_s=0.0,
+                  log=print):
     """Times Keras and native PyTorch training steps, alternating rounds.
 
     Args:
@@ -490,15 +572,21 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=2,
         pad_fraction: about this fraction of the positions is padding.
         isolate: run each framework in its own spawned process (separate peak
             RSS); `False` runs both in this process (for tests).
-        matmul_size: size of the square matmul timed for the peak.
+        matmul_size: size of the square matmuls timed for the peak (numpy in
+            this process, and each framework in its worker, before and after
+            the rounds); the best of all is the machine's peak.
+        wait_for_quiet_s: before each timed run, wait up to this long for
+            other processes to leave the CPUs (see `wait_for_quiet`). Each
+            run records `other_cores`, the cores others used meanwhile.
         log: a print-like function for progress, or `None`.
 
     Returns:
         A dict: for `"keras"` and `"torch"`, `tokens_per_second` (median
         round), `best_tokens_per_second`, `step_seconds`, `cpu_seconds` (per
         step), `gflops`, `fraction_of_peak`, `peak_rss_mb`, `num_parameters`,
-        `first_step_seconds`, `rounds`; and `ratio` (Keras over torch, median
-        rounds), `best_ratio`, `matmul_peak_gflops`, `flops_per_step`,
+        `first_step_seconds`, `other_cores` (median over rounds), `rounds`; and `ratio` (Keras over torch, median
+        rounds), `best_ratio`, `matmul_peak_gflops` (and per library
+        `matmul_peaks`), `flops_per_step`,
         `parameter_difference` (torch minus Keras).
     """
     log = log or (lambda *args, **kwargs: None)
@@ -506,12 +594,12 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=2,
     batch = synthetic_batch(config, batch_size, seq_len, pad_fraction)
     target_tokens = int(np.count_nonzero(batch["labels"]))
     flops = training_flops(config, batch_size, seq_len, seq_len)
-    peak = matmul_peak_gflops(matmul_size)
+    peaks = {"numpy": matmul_peak_gflops("numpy", matmul_size)}
     log(f"batch: {batch_size} x {seq_len} source and target positions, "
-        f"{target_tokens} non-pad target tokens; {flops / 1e9:.1f} GFLOP per step; "
-        f"float32 matmul peak {peak:.1f} GFLOP/s")
+        f"{target_tokens} non-pad target tokens; {flops / 1e9:.1f} GFLOP per step")
 
-    options = {"jit_compile": jit_compile, "torch_threads": torch_threads}
+    options = {"jit_compile": jit_compile, "torch_threads": torch_threads,
+               "matmul_size": matmul_size}
     runner = _Subprocess if isolate else _InProcess
     sides = {}
     rounds = {"keras": [], "torch": []}
@@ -521,33 +609,46 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=2,
             info = sides[kind].info
             log(f"{info['name']}: {info['num_parameters']:,} parameters; built in "
                 f"{info['build_seconds']:.1f} s, first step (compilation) "
-                f"{info['first_step_seconds']:.1f} s")
+                f"{info['first_step_seconds']:.1f} s; float32 matmul "
+                f"{info['matmul_peak_gflops']:.0f} GFLOP/s")
         for round_index in range(repeats):
             order = ("keras", "torch") if round_index % 2 == 0 else ("torch", "keras")
             for kind in order:
+                if wait_for_quiet_s:
+                    wait_for_quiet(wait_for_quiet_s)
                 timing = sides[kind].run(steps)
                 rounds[kind].append(timing)
+                others = timing["other_cores"]
                 log(f"  round {round_index + 1}/{repeats} {kind:5s}: "
                     f"{steps * target_tokens / timing['seconds']:8.0f} tokens/s, "
-                    f"{timing['cpu_seconds'] / timing['seconds']:.2f} cores busy, "
-                    f"load {timing['load']:.1f}, loss {timing['loss']:.3f}")
+                    f"{timing['cpu_seconds'] / timing['seconds']:.2f} cores busy"
+                    + ("" if others is None else f", other processes {others:.2f} cores")
+                    + f", loss {timing['loss']:.3f}")
         closing = {kind: side.close() for kind, side in sides.items()}
     finally:
         for side in sides.values():
             if isinstance(side, _Subprocess) and side.process.is_alive():
                 side.process.terminate()
-    peak = max(peak, matmul_peak_gflops(matmul_size))
+    peaks["numpy"] = max(peaks["numpy"], matmul_peak_gflops("numpy", matmul_size))
+    for kind in ("keras", "torch"):
+        peaks[kind] = max(sides[kind].info["matmul_peak_gflops"],
+                          closing[kind]["matmul_peak_gflops"])
+    peak = max(peaks.values())
+    log("float32 matmul peak, best of: " + ", ".join(
+        f"{name} {value:.0f}" for name, value in peaks.items()) + " GFLOP/s")
 
     result = {
         "config": config, "batch_size": batch_size, "seq_len": seq_len,
         "target_tokens": target_tokens, "steps": steps, "repeats": repeats,
-        "flops_per_step": flops, "matmul_peak_gflops": peak, "isolated": isolate,
+        "flops_per_step": flops, "matmul_peak_gflops": peak, "matmul_peaks": peaks,
+        "isolated": isolate,
     }
     for kind in ("keras", "torch"):
         seconds = [r["seconds"] / steps for r in rounds[kind]]
         median = statistics.median(seconds)
         result[kind] = dict(
             sides[kind].info,
+            matmul_peak_gflops=peaks[kind],
             step_seconds=median,
             cpu_seconds=statistics.median(r["cpu_seconds"] / steps for r in rounds[kind]),
             tokens_per_second=target_tokens / median,
@@ -555,6 +656,7 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=2,
             gflops=flops / median / 1e9,
             fraction_of_peak=flops / median / 1e9 / peak,
             peak_rss_mb=closing[kind]["peak_rss_mb"],
+            other_cores=_median_or_none(r["other_cores"] for r in rounds[kind]),
             rounds=rounds[kind],
         )
     keras_result, torch_result = result["keras"], result["torch"]
@@ -565,6 +667,15 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=2,
     result["parameter_difference"] = (torch_result["num_parameters"]
                                       - keras_result["num_parameters"])
     return result
+
+
+def _median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _cores(value):
+    return "  n/a" if value is None else f"{value:5.2f}"
 
 
 def format_result(result):
@@ -586,6 +697,14 @@ def format_result(result):
         f"decoder LayerNorms"
         + ("" if result["isolated"] else "; one process, shared RSS") + ")"
     )
+    others = [result[kind]["other_cores"] for kind in ("keras", "torch")]
+    if None not in others:
+        lines.append(
+            f"other processes on this machine used {others[0]:.2f} (keras rounds) and "
+            f"{others[1]:.2f} (torch rounds) cores, median"
+            + ("  -- a busy machine: timings are unreliable, torch's OpenMP threads "
+               "suffer most" if max(others) > 0.25 else "")
+        )
     return "\n".join(lines)
 
 
@@ -593,23 +712,26 @@ def format_table(rows):
     """The `--all-backends` summary: one row per `(label, result or None)`."""
     header = (f"{'backend':15s} {'keras tok/s':>11s} {'torch tok/s':>11s} "
               f"{'ratio':>6s} {'best':>6s} {'keras %pk':>9s} {'torch %pk':>9s} "
-              f"{'keras RSS':>9s} {'torch RSS':>9s} {'compile':>7s}")
+              f"{'keras RSS':>9s} {'torch RSS':>9s} {'compile':>7s} {'others':>6s}")
     lines = [header, "-" * len(header)]
     for label, r in rows:
         if r is None:
             lines.append(f"{label:15s} failed")
             continue
         k, t = r["keras"], r["torch"]
+        others = [v for v in (k["other_cores"], t["other_cores"]) if v is not None]
         lines.append(
             f"{label:15s} {k['tokens_per_second']:11.0f} {t['tokens_per_second']:11.0f} "
             f"{r['ratio']:5.2f}x {r['best_ratio']:5.2f}x "
             f"{100 * k['fraction_of_peak']:8.1f}% {100 * t['fraction_of_peak']:8.1f}% "
             f"{k['peak_rss_mb']:5.0f} MiB {t['peak_rss_mb']:5.0f} MiB "
-            f"{k['first_step_seconds']:6.1f}s"
+            f"{k['first_step_seconds']:6.1f}s {_cores(max(others) if others else None)}"
         )
-    lines.append("ratio: keras/torch tokens per second, median rounds; best: best rounds; "
-                 "%pk: achieved FLOP/s over the float32 matmul peak; RSS: peak resident "
-                 "memory of each side's process; compile: Keras' first step")
+    lines.append(
+        "ratio: Keras over torch tokens/s, median rounds; best: best rounds; %pk: "
+        "achieved FLOP/s over the best float32 matmul; RSS: peak resident memory of "
+        "each side's process; compile: Keras' first step; others: cores used by other "
+        "processes during the rounds (median, worse side)")
     return "\n".join(lines)
 
 
@@ -625,13 +747,17 @@ def parse_args(argv=None):
     parser.add_argument("--seq-len", type=int, default=32,
                         help="source and target length (default 32: batch 128)")
     parser.add_argument("--pad-fraction", type=float, default=0.0)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per round")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per round")
     parser.add_argument("--warmup-steps", type=int, default=2,
                         help="untimed steps first, compilation included")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating rounds")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="alternating rounds; the median is reported")
     parser.add_argument("--jit-compile", choices=("auto", "true", "false"),
                         default="auto",
                         help="XLA for TensorFlow (auto: off on CPU); JAX always jits")
+    parser.add_argument("--wait-for-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="before each timed run wait up to SECONDS for other "
+                             "processes to leave the CPUs (shared machines)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="threads of the torch reference (default: PyTorch's)")
     parser.add_argument("--in-process", action="store_true",
@@ -680,7 +806,7 @@ def main(argv=None):
         steps=args.steps, warmup_steps=args.warmup_steps, repeats=args.repeats,
         jit_compile={"auto": "auto", "true": True, "false": False}[args.jit_compile],
         torch_threads=args.torch_threads, pad_fraction=args.pad_fraction,
-        isolate=not args.in_process, log=lambda *a: print(*a, flush=True),
+        wait_for_quiet_s=args.wait_for_quiet, isolate=not args.in_process, log=lambda *a: print(*a, flush=True),
     )
     print(format_result(result))
     if args.json:

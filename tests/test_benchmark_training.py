@@ -70,6 +70,8 @@ def test_run_benchmark_on_tiny_config(bench, tiny_config, one_torch_thread, caps
                     "fraction_of_peak", "peak_rss_mb", "cpu_seconds"):
             assert result[kind][key] > 0, (kind, key)
         assert len(result[kind]["rounds"]) == 2
+        assert result[kind]["matmul_peak_gflops"] > 0
+        assert result[kind]["other_cores"] is None or result[kind]["other_cores"] >= 0
 
     # Same model up to torch.nn.Transformer's final encoder/decoder LayerNorms.
     assert result["keras"]["num_parameters"] == config.num_parameters()
