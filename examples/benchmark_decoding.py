@@ -26,6 +26,12 @@ time per generated token at the longest length within 1.5x of that at the
 shortest (cost per token does not grow with the prefix); beam-4 cached
 >= 1.5x HF MarianMT.
 
+Under PyTorch the search runs eagerly, one Keras layer call at a time (some
+60 `Layer.__call__`s per decoder step for the small preset), and that Python
+overhead, not arithmetic, sets the speed: HF's plain `torch.nn` modules are
+faster there. The targets are met by the compiled searches (TensorFlow with
+XLA, JAX).
+
 `transformers` is a benchmark-only dependency (`pip install transformers`);
 `--skip-hf` runs without it.
 
@@ -33,6 +39,7 @@ Usage:
 
     KERAS_BACKEND=jax python examples/benchmark_decoding.py
     python examples/benchmark_decoding.py --backend tensorflow --batch-size 16
+    python examples/benchmark_decoding.py --backend torch --torch-threads 1
 """
 
 import argparse
@@ -65,6 +72,9 @@ def parse_args(argv=None):
                         help="timed runs of the cached and HF paths (best is kept)")
     parser.add_argument("--uncached-repeats", type=int, default=2,
                         help="timed runs of the (slow) uncached path")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch.set_num_threads for the PyTorch backend and HF "
+                             "(1 is far less sensitive to other jobs on the machine)")
     parser.add_argument("--skip-hf", action="store_true", help="skip HF MarianMT")
     parser.add_argument("--skip-uncached", action="store_true")
     return parser.parse_args(argv)
@@ -165,6 +175,10 @@ def main(argv=None):
     source[:, -1] = config.eos_id
 
     backend = keras.backend.backend()
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     print(f"backend={backend} preset={args.preset} (d_model={config.d_model}, "
           f"layers={config.num_layers}, heads={config.num_heads}, d_ff={config.d_ff}, "
           f"vocab={config.vocab_size}, {model.count_params():,} parameters) "

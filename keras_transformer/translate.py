@@ -118,9 +118,8 @@ class Translator:
         self.max_extra_length = max_extra_length
         self.length_multiple = length_multiple
         self.jit_compile = jit_compile
-        backend = keras.backend.backend()
-        compiling = jit_compile if jit_compile is not None else backend != "torch"
-        self._pad_batches = bool(compiling)
+        # Fixed batch shapes only matter where the search is compiled.
+        self._pad_batches = keras.backend.backend() != "torch" and jit_compile is not False
 
     # --- encoding and decoding ids ---------------------------------------------
 
