@@ -31,8 +31,8 @@ PRESET_DEFAULTS = {
                 max_length=256, checkpoint_every=1000, average_last=20),
     "small": dict(train_steps=6_000, tokens_per_batch=4096, vocab_size=8000,
                   max_length=128, checkpoint_every=500, average_last=5),
-    "tiny": dict(train_steps=1_500, tokens_per_batch=4096, vocab_size=4000,
-                 max_length=96, checkpoint_every=250, average_last=3),
+    "tiny": dict(train_steps=500, tokens_per_batch=3072, vocab_size=4000,
+                 max_length=96, checkpoint_every=100, average_last=3),
 }
 
 

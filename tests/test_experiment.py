@@ -18,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def test_settings_fill_preset_defaults_and_reject_bad_values():
     settings = JobSettings(data="demo", preset="tiny")
-    assert settings.train_steps == 1500 and settings.vocab_size == 4000
+    assert settings.train_steps == 500 and settings.vocab_size == 4000
     assert JobSettings(preset="base").tokens_per_batch == 25_000
     assert JobSettings(preset="tiny", train_steps=7).train_steps == 7
     with pytest.raises(ValueError, match="Unknown preset 'huge'"):
