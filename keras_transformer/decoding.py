@@ -479,8 +479,18 @@ def _compiled(model, key, impl, jit_compile):
 
         return run_torch
     if not jit_compile:
-        return lambda source_ids: impl(model, source_ids,
-                                       dynamic_prefix=backend == "tensorflow")
+        # Eager TensorFlow runs the loop in Python, so the uncached step can
+        # decode the growing prefix; inside a graph (e.g. an exported
+        # tf.function) or under JAX's lax.while_loop it cannot.
+        def run_uncompiled(source_ids):
+            eager = False
+            if backend == "tensorflow":
+                import tensorflow as tf
+
+                eager = tf.executing_eagerly()
+            return impl(model, source_ids, dynamic_prefix=eager)
+
+        return run_uncompiled
 
     functions = _COMPILED.setdefault(model, {})
     key = (backend,) + key

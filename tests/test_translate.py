@@ -64,14 +64,16 @@ def test_translate_matches_direct_decoding_in_input_order(model, capsys):
     translations = translator.translate(inputs, beam_size=2, alpha=0.6, progress=True)
     assert "9/9" in capsys.readouterr().out  # the progress bar reached the end
     assert len(translations) == 9 and translations[7:] == ["", ""]
-    # Reference: all sentences in one unsorted batch, decoded directly.
+    # Reference: the sentences in input (not length) order, 3 per batch as
+    # (3, 16) arrays (the shapes the Translator compiled), decoded directly.
     ids = [tokenizer.tokenize([s])[0] + [tokenizer.eos_id] for s in inputs[:7]]
-    source = np.zeros((7, max(map(len, ids))), "int32")
+    source = np.zeros((9, 16), "int32")
     for row, row_ids in enumerate(ids):
         source[row, :len(row_ids)] = row_ids
-    tokens, _ = beam_search(model, source, beam_size=2, alpha=0.6, max_extra_length=5)
+    tokens = np.concatenate([to_np(beam_search(model, source[i:i + 3], beam_size=2, alpha=0.6,
+                                               max_extra_length=5)[0]) for i in (0, 3, 6)])
     for row, translation in enumerate(translations[:7]):
-        output = [int(t) for t in to_np(tokens)[row] if t != 0]
+        output = [int(t) for t in tokens[row] if t != 0]
         output = output[:output.index(2)] if 2 in output else output
         assert translation == tokenizer.detokenize([output])[0]
         assert len(output) <= len(ids[row]) + 5
