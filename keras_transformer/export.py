@@ -1,0 +1,678 @@
+"""Exports a `Translator` as a SavedModel that TensorFlow Serving runs as it is.
+
+TF Serving (`tensorflow_model_server`) runs no Python, so the whole
+translation is one TensorFlow graph made of core ops and TensorFlow Text's
+SentencePiece ops (which the model server links): sanitise the UTF-8 ->
+tokenize -> truncate and append EOS -> sort by length -> cached beam search
+(or greedy decoding) in fixed-shape chunks -> cut at EOS -> detokenize. The
+SavedModel has two signatures, both `text` (`tf.string`, `(batch,)`) ->
+`translation` (`tf.string`, `(batch,)`) and `score` (`float32`, `(batch,)`):
+
+- `serving_default`: beam search (the paper's beam 4, alpha 0.6 by default);
+- `translate_greedy`: greedy decoding.
+
+`score` is the length-normalised log-probability `log P(Y) / lp(Y)` of the
+output (`keras_transformer.decoding.length_penalty`, the exported `alpha`,
+EOS counted), and 0 for an empty input.
+
+It is written in TF Serving's layout `<base>/<model_name>/<version>/`
+(`saved_model.pb`, `variables/`, `assets/spm.model`), into a hidden temporary
+folder first and renamed into place, so a model server watching `<base>`
+never loads a half-written version.
+
+Input handling, in the graph:
+
+- Bytes that are not valid UTF-8 are replaced by U+FFFD before tokenizing
+  (`tf.strings.unicode_transcode(..., errors="replace")`); the request is
+  answered, never rejected. Outputs are valid UTF-8 as well.
+- A sentence is truncated to `max_source_length` ids, EOS included (default
+  `config.max_length`, as `Translator` does): longer inputs lose their end
+  and are still answered, in the time of a `max_source_length`-id sentence.
+- An empty or all-whitespace sentence translates to `""` with score 0
+  without decoding; a batch of zero sentences gives zero outputs.
+
+Shapes: the decoding functions of `keras_transformer.decoding` need a static
+batch size and source width, so the graph sorts the batch by length (as
+`Translator` does), cuts it into chunks of at most `max(batch_buckets)`
+sentences, and decodes each chunk in the smallest `(batch bucket, width
+bucket)` shape that holds it (a `tf.switch_case` over one traced search per
+shape). Padding rows and columns do not change any sentence's output.
+
+Training backend: the export always runs under the TensorFlow backend. A
+model trained under JAX or PyTorch is exported from its weights, which are
+backend-portable: `export_saved_model` and `export_from_run`, called under
+another backend, save the weights, config and tokenizer to a temporary
+folder and run `python -m keras_transformer export` with
+`KERAS_BACKEND=tensorflow` in a subprocess, which rebuilds the model under
+TensorFlow and exports it.
+
+Two workarounds are applied while tracing (the exported graph is checked for
+them, see `forbidden_ops`): under TensorFlow `keras.ops.slice_update` emits
+the XLA-only op `XlaDynamicUpdateSlice`, which TF Serving cannot run outside
+an XLA cluster, so it is traced as the core op `TensorStridedSliceUpdate`;
+and the searches are traced uncompiled (no `jit_compile`), since the stock
+model server does not run XLA clusters by default.
+
+Example:
+
+>>> translator = Translator(model, Tokenizer.load("runs/demo/spm.model"))
+>>> path = export_saved_model(translator, "saved_models", beam_size=4, alpha=0.6)
+>>> path
+PosixPath('saved_models/transformer/1')
+>>> loaded = tf.saved_model.load(str(path))  # needs only tensorflow_text
+>>> loaded.signatures["serving_default"](text=tf.constant(["Hello."]))
+{'translation': <tf.Tensor: shape=(1,), dtype=string, numpy=array([b'Hallo.'])>,
+ 'score': <tf.Tensor: ...>}
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+import tensorflow as tf
+
+DEFAULT_BASE = "saved_models"
+DEFAULT_MODEL_NAME = "transformer"
+BEAM_SIGNATURE = "serving_default"
+GREEDY_SIGNATURE = "translate_greedy"
+INPUT_NAME = "text"
+TOKENIZER_ASSET = "spm.model"
+DEFAULT_BATCH_BUCKETS = (1, 8, 32)
+
+# Ops TF Serving cannot run: Python callbacks, TF Addons custom ops, and
+# XLA-only ops outside a compiled cluster.
+_FORBIDDEN_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
+_FORBIDDEN_PREFIXES = ("Addons>", "Xla", "_Xla")
+
+__all__ = [
+    "BEAM_SIGNATURE", "DEFAULT_BASE", "DEFAULT_MODEL_NAME", "GREEDY_SIGNATURE",
+    "TranslationModule", "export_from_run", "export_saved_model", "forbidden_ops",
+    "next_version", "saved_model_ops",
+]
+
+
+# --- helpers -----------------------------------------------------------------
+
+
+def _power_of_two_widths(max_source_length, smallest=16):
+    widths, width = [], smallest
+    while width < max_source_length:
+        widths.append(width)
+        width *= 2
+    return tuple(widths) + (max_source_length,)
+
+
+def _check_buckets(name, values, maximum=None):
+    values = tuple(values)
+    if not values or any(not isinstance(v, int) or v < 1 for v in values):
+        raise ValueError(f"{name} must be a non-empty list of positive integers, "
+                         f"received {values!r}")
+    if list(values) != sorted(set(values)):
+        raise ValueError(f"{name} must be strictly increasing, received {values!r}")
+    if maximum is not None and values[-1] != maximum:
+        raise ValueError(f"the largest of {name} must be max_source_length={maximum}, "
+                         f"received {values!r}")
+    return values
+
+
+def next_version(model_dir):
+    """The next TF Serving version number under `<base>/<model_name>`: 1 + the largest."""
+    model_dir = pathlib.Path(model_dir)
+    versions = [int(p.name) for p in model_dir.glob("*") if p.is_dir() and p.name.isdigit()]
+    return max(versions, default=0) + 1
+
+
+def _tensor_strided_slice_update(inputs, updates, start_indices):
+    """`XlaDynamicUpdateSlice` semantics (clamped start) with the core op."""
+    inputs = tf.convert_to_tensor(inputs)
+    updates = tf.cast(updates, inputs.dtype)
+    start = tf.stack([tf.cast(i, tf.int32) for i in start_indices])
+    start = tf.clip_by_value(start, 0, tf.shape(inputs) - tf.shape(updates))
+    end = start + tf.shape(updates)
+    strides = tf.ones_like(start)
+    return tf.raw_ops.TensorStridedSliceUpdate(input=inputs, begin=start, end=end,
+                                              strides=strides, value=updates)
+
+
+_TRACE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _core_ops_only():
+    """While tracing, `keras.ops.slice_update` emits no XLA-only op.
+
+    Keras' TensorFlow backend implements `slice_update` with
+    `XlaDynamicUpdateSlice`, which runs only inside an XLA cluster; TF
+    Serving runs uncompiled graphs (tensorflow/serving#2217).
+    """
+    from keras.src.backend.tensorflow import core as tf_core
+
+    with _TRACE_LOCK:
+        original = tf_core.dynamic_update_slice
+        tf_core.dynamic_update_slice = _tensor_strided_slice_update
+        try:
+            yield
+        finally:
+            tf_core.dynamic_update_slice = original
+
+
+# --- the serving module --------------------------------------------------------
+
+
+class _Untracked:
+    """Holds an object out of `tf.Module`'s attribute tracking."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+
+class TranslationModule(tf.Module):
+    """A `tf.Module` with the translation signatures of a model and a tokenizer.
+
+    Args:
+        model: a `keras_transformer.Transformer` built under the TensorFlow
+            backend.
+        tokenizer: a `keras_transformer.data.Tokenizer`.
+        beam_size: beam width of `serving_default`.
+        alpha: length-penalty strength (beam search and both scores).
+        max_source_length: source ids kept per sentence, EOS included.
+        max_extra_length: outputs have at most source length + this many ids.
+        batch_buckets: static batch sizes of the traced searches; the largest
+            is the chunk size.
+        length_buckets: static source widths of the traced searches; the
+            largest must be `max_source_length`.
+
+    Example:
+
+    >>> module = TranslationModule(model, tokenizer, beam_size=4, alpha=0.6,
+    ...                            max_source_length=256)
+    >>> module.translate_beam(["Hello."])["translation"]
+    """
+
+    def __init__(self, model, tokenizer, *, beam_size, alpha, max_source_length,
+                 max_extra_length, batch_buckets=DEFAULT_BATCH_BUCKETS,
+                 length_buckets=None, tokenizer_file=None, name="translation"):
+        super().__init__(name=name)
+        config = model.config
+        # Not tracked as a Keras object (only its variables are saved): the
+        # SavedModel holds the translation functions, not Keras' own endpoints.
+        self._untracked = _Untracked(model)
+        self.tokenizer = tokenizer
+        # Keras variables, tracked so that the SavedModel holds them.
+        self.model_variables = list(model.variables)
+        if tokenizer_file is not None:
+            self.tokenizer_model = tf.saved_model.Asset(str(tokenizer_file))
+        self._config = config
+        self._alpha = float(alpha)
+        self._max_source_length = max_source_length
+        self._max_extra_length = max_extra_length
+        self._batch_buckets = tuple(batch_buckets)
+        self._length_buckets = tuple(length_buckets or
+                                     _power_of_two_widths(max_source_length))
+        self._output_width = self._buffer_length(self._length_buckets[-1])
+        spec = [tf.TensorSpec([None], tf.string, name=INPUT_NAME)]
+        # Out of attribute tracking: saved once, as signatures (tracked
+        # tf.functions would be traced a second time by `tf.saved_model.save`).
+        self._functions = _Untracked({
+            BEAM_SIGNATURE: tf.function(lambda text: self._translate(text, beam_size),
+                                        input_signature=spec, autograph=False),
+            GREEDY_SIGNATURE: tf.function(lambda text: self._translate(text, 1),
+                                          input_signature=spec, autograph=False),
+        })
+
+    def signatures(self):
+        """`{name: concrete function}` of both signatures (traced on first call)."""
+        with _core_ops_only():
+            return {name: function.get_concrete_function()
+                    for name, function in self._functions.value.items()}
+
+    def translate_beam(self, text):
+        """Beam search: `(batch,)` strings -> dict of `translation` and `score`."""
+        return self.signatures()[BEAM_SIGNATURE](text=tf.convert_to_tensor(text, tf.string))
+
+    def translate_greedy(self, text):
+        """Greedy decoding: `(batch,)` strings -> dict of `translation` and `score`."""
+        return self.signatures()[GREEDY_SIGNATURE](text=tf.convert_to_tensor(text, tf.string))
+
+    def _buffer_length(self, width):
+        length = width + self._max_extra_length
+        if self._config.position_embedding == "learned":
+            length = min(length, self._config.max_length)
+        return max(length, 1)
+
+    # --- pieces of the graph ---------------------------------------------------
+
+    def _encode(self, text):
+        """Strings -> (clean strings, int32 (batch, max_source_length) ids, lengths, nonblank)."""
+        config = self._config
+        clean = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
+                                             replacement_char=0xFFFD)
+        nonblank = tf.strings.length(tf.strings.strip(clean)) > 0
+        pieces = self.tokenizer.tokenize(clean)  # ragged (batch, None)
+        pieces = pieces[:, : self._max_source_length - 1]
+        eos = tf.fill([tf.shape(text)[0], 1], tf.constant(config.eos_id, tf.int32))
+        ids = tf.concat([tf.cast(pieces, tf.int32), tf.RaggedTensor.from_tensor(eos)], axis=1)
+        ids = ids.to_tensor(default_value=config.pad_id,
+                            shape=[None, self._max_source_length])
+        ids = tf.where(nonblank[:, None], ids, config.pad_id)
+        lengths = tf.reduce_sum(tf.cast(ids != config.pad_id, tf.int32), axis=1)
+        return clean, ids, lengths, nonblank
+
+    def _search(self, source_ids, beam_size):
+        """Static-shape search: int32 (b, w) ids -> (b, W) tokens, (b,) scores."""
+        from keras import ops
+
+        from keras_transformer.decoding import beam_search, greedy_decode, length_penalty
+
+        config = self._config
+        if beam_size > 1:
+            tokens, scores = beam_search(
+                self._untracked.value, source_ids, beam_size=beam_size, alpha=self._alpha,
+                max_extra_length=self._max_extra_length, jit_compile=False)
+        else:
+            tokens, step_log_probs = greedy_decode(
+                self._untracked.value, source_ids, max_extra_length=self._max_extra_length,
+                return_step_log_probs=True, jit_compile=False)
+            lengths = ops.sum(ops.cast(ops.not_equal(tokens, config.pad_id), "int32"),
+                              axis=1)
+            scores = ops.sum(step_log_probs, axis=1) / length_penalty(
+                ops.maximum(lengths, 1), self._alpha)
+        tokens = tf.convert_to_tensor(tokens)
+        pad = self._output_width - tokens.shape[1]
+        tokens = tf.pad(tokens, [[0, 0], [0, pad]], constant_values=config.pad_id)
+        return tokens, tf.convert_to_tensor(scores)
+
+    def _decode_chunk(self, ids, width_needed, beam_size):
+        """Decodes up to max(batch_buckets) sorted rows in the smallest bucket."""
+        rows = tf.shape(ids)[0]
+        batch_index = tf.reduce_sum(
+            tf.cast(rows > tf.constant(self._batch_buckets[:-1], tf.int32), tf.int32))
+        width_index = tf.reduce_sum(
+            tf.cast(width_needed > tf.constant(self._length_buckets[:-1], tf.int32), tf.int32))
+        num_widths = len(self._length_buckets)
+        output_width = self._output_width
+
+        def make_branch(batch, width):
+            def branch():
+                x = tf.pad(ids[:, :width], [[0, batch - rows], [0, 0]])
+                x = tf.ensure_shape(x, [batch, width])
+                tokens, scores = self._search(x, beam_size)
+                return tokens[:rows], scores[:rows]
+            return branch
+
+        def empty():  # every row is blank: nothing to decode
+            return (tf.zeros([rows, output_width], tf.int32), tf.zeros([rows], tf.float32))
+
+        branches = [make_branch(b, w) for b in self._batch_buckets
+                    for w in self._length_buckets]
+        index = tf.where(width_needed > 0, batch_index * num_widths + width_index,
+                         len(branches))
+        tokens, scores = tf.switch_case(index, branches + [empty])
+        return tf.ensure_shape(tokens, [None, output_width]), scores
+
+    def _translate(self, text, beam_size):
+        config = self._config
+        text = tf.convert_to_tensor(text, tf.string)
+        clean, ids, lengths, nonblank = self._encode(text)
+        count = tf.shape(text)[0]
+        # Longest first (stable), as Translator does: chunks of similar length.
+        order = tf.argsort(-lengths, stable=True)
+        ids, lengths_sorted = tf.gather(ids, order), tf.gather(lengths, order)
+        chunk = self._batch_buckets[-1]
+        num_chunks = (count + chunk - 1) // chunk
+        output_width = self._output_width
+
+        def body(i, all_tokens, all_scores):
+            start = i * chunk
+            chunk_ids = ids[start:start + chunk]
+            tokens, scores = self._decode_chunk(chunk_ids, lengths_sorted[start], beam_size)
+            return (i + 1, tf.concat([all_tokens, tokens], 0),
+                    tf.concat([all_scores, scores], 0))
+
+        _, tokens, scores = tf.while_loop(
+            lambda i, *_: i < num_chunks, body,
+            (tf.constant(0), tf.zeros([0, output_width], tf.int32), tf.zeros([0], tf.float32)),
+            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None, output_width]),
+                              tf.TensorShape([None])))
+        inverse = tf.math.invert_permutation(order)
+        tokens, scores = tf.gather(tokens, inverse), tf.gather(scores, inverse)
+
+        # Keep the ids before the first EOS, without pad/BOS.
+        after_eos = tf.cumsum(tf.cast(tokens == config.eos_id, tf.int32), axis=1,
+                              exclusive=True) > 0
+        special = (tokens == config.pad_id) | (tokens == config.bos_id) | (
+            tokens == config.eos_id)
+        kept = tf.ragged.boolean_mask(tokens, ~after_eos & ~special)
+        translation = self.tokenizer.detokenize(kept)
+        translation = tf.strings.unicode_transcode(translation, "UTF-8", "UTF-8",
+                                                   errors="replace",
+                                                   replacement_char=0xFFFD)
+        translation = tf.where(nonblank, translation, "")
+        scores = tf.where(nonblank, scores, 0.0)
+        return {"translation": tf.ensure_shape(translation, [None]),
+                "score": tf.ensure_shape(tf.cast(scores, tf.float32), [None])}
+
+
+# --- op lists ------------------------------------------------------------------
+
+
+def saved_model_ops(export_dir):
+    """The set of op types in a SavedModel's graphs and function library.
+
+    Args:
+        export_dir: a SavedModel directory (with `saved_model.pb`).
+
+    Returns:
+        A sorted list of op type names.
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = pathlib.Path(export_dir) / "saved_model.pb"
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString(path.read_bytes())
+    ops = set()
+    for meta_graph in proto.meta_graphs:
+        graph = meta_graph.graph_def
+        ops.update(node.op for node in graph.node)
+        for function in graph.library.function:
+            ops.update(node.op for node in function.node_def)
+    return sorted(ops)
+
+
+
+def forbidden_ops(ops):
+    """The ops among `ops` that TF Serving cannot run (PyFunc, Addons, XLA-only)."""
+    return sorted(op for op in ops
+                  if op in _FORBIDDEN_OPS or op.startswith(_FORBIDDEN_PREFIXES))
+
+
+# --- export ----------------------------------------------------------------------
+
+
+def _resolve_options(config, beam_size, alpha, max_source_length, max_extra_length,
+                     batch_buckets, length_buckets):
+    if not isinstance(beam_size, int) or beam_size < 2:
+        raise ValueError("beam_size (of serving_default) must be an integer >= 2 "
+                         f"(translate_greedy is the beam-1 search), received {beam_size!r}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, received alpha={alpha!r}")
+    if max_source_length is None:
+        max_source_length = config.max_length
+    if not isinstance(max_source_length, int) or not 2 <= max_source_length <= config.max_length:
+        raise ValueError(
+            "max_source_length must be an integer between 2 and the model's "
+            f"config.max_length={config.max_length}, received {max_source_length!r}")
+    if not isinstance(max_extra_length, int) or max_extra_length < 0:
+        raise ValueError("max_extra_length must be a non-negative integer, "
+                         f"received {max_extra_length!r}")
+    batch_buckets = _check_buckets("batch_buckets", batch_buckets)
+    if length_buckets is None:
+        length_buckets = _power_of_two_widths(max_source_length)
+    length_buckets = _check_buckets("length_buckets", length_buckets, max_source_length)
+    return dict(beam_size=beam_size, alpha=float(alpha), max_source_length=max_source_length,
+                max_extra_length=max_extra_length, batch_buckets=batch_buckets,
+                length_buckets=length_buckets)
+
+
+def _version_dir(export_dir, model_name, version, overwrite):
+    if not model_name or "/" in model_name or model_name in (".", ".."):
+        raise ValueError(f"model_name must be a plain folder name, received {model_name!r}")
+    model_dir = pathlib.Path(export_dir) / model_name
+    if version is None:
+        version = next_version(model_dir)
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"version must be a positive integer, received {version!r}")
+    target = model_dir / str(version)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass another version, or "
+                              "overwrite=True (--overwrite) to replace it")
+    return model_dir, version, target
+
+
+def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
+                       version=None, beam_size=4, alpha=0.6, max_source_length=None,
+                       max_extra_length=None, batch_buckets=DEFAULT_BATCH_BUCKETS,
+                       length_buckets=None, overwrite=False, verbose=False):
+    """Writes a translator as a TF Serving SavedModel `<export_dir>/<model_name>/<version>/`.
+
+    See the module docstring for the signatures and the input handling. Under
+    the JAX or PyTorch backend the model's weights, config and tokenizer are
+    saved to a temporary folder and exported by a TensorFlow-backend
+    subprocess (`python -m keras_transformer export`).
+
+    Args:
+        translator: a `keras_transformer.translate.Translator` whose tokenizer
+            is a `keras_transformer.data.Tokenizer`.
+        export_dir: the model server's base folder (default `saved_models`).
+        model_name: the model's folder name, which is the name clients use
+            (`/v1/models/<model_name>:predict`).
+        version: the version folder (a positive integer); default one more
+            than the largest existing version, or 1.
+        beam_size: beam width of `serving_default` (at least 2).
+        alpha: length penalty of the beam search and of both scores.
+        max_source_length: source ids kept per sentence, EOS included;
+            longer inputs are truncated. Default `config.max_length`
+            (what `Translator` keeps).
+        max_extra_length: outputs have at most source length + this many
+            ids; default the translator's.
+        batch_buckets: static batch sizes traced; a request is decoded in
+            chunks of at most the largest, each in the smallest bucket that
+            holds it. Each bucket adds one traced search per width bucket.
+        length_buckets: static source widths traced; default powers of two
+            from 16, then `max_source_length`.
+        overwrite: replace an existing version folder.
+        verbose: print what is written.
+
+    Returns:
+        The `pathlib.Path` of the written version folder.
+
+    Example:
+
+    >>> export_saved_model(Translator(model, tokenizer), "saved_models")
+    PosixPath('saved_models/transformer/1')
+    """
+    import keras
+
+    model = getattr(translator, "model", None)
+    tokenizer = getattr(translator, "tokenizer", None)
+    if model is None or not hasattr(model, "config"):
+        raise TypeError("translator must be a keras_transformer Translator (with .model "
+                        f"and .tokenizer), received {type(translator).__name__}")
+    if not hasattr(tokenizer, "model_proto") or not isinstance(tokenizer, tf.Module):
+        raise TypeError(
+            "the translator's tokenizer must be a keras_transformer.data.Tokenizer "
+            "(SentencePiece ops in the graph); received "
+            f"{type(tokenizer).__name__}")
+    if max_extra_length is None:
+        max_extra_length = int(getattr(translator, "max_extra_length", 50))
+    options = _resolve_options(model.config, beam_size, alpha, max_source_length,
+                               max_extra_length, batch_buckets, length_buckets)
+    model_dir, version, target = _version_dir(export_dir, model_name, version, overwrite)
+
+    if keras.backend.backend() != "tensorflow":
+        with tempfile.TemporaryDirectory(prefix="kt_export_") as tmp:
+            tmp = pathlib.Path(tmp)
+            model.save_weights(tmp / "model.weights.h5")
+            (tmp / "config.json").write_text(json.dumps(model.config.to_dict()))
+            (tmp / TOKENIZER_ASSET).write_bytes(tokenizer.model_proto)
+            return _export_in_subprocess(tmp, export_dir, model_name=model_name,
+                                         version=version, overwrite=overwrite,
+                                         verbose=verbose, **options)
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    # Hidden (non-numeric) folder: TF Serving ignores it until the rename.
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
+    try:
+        asset_source = staging / "_asset_source"
+        asset_source.mkdir()
+        asset_file = asset_source / TOKENIZER_ASSET
+        asset_file.write_bytes(tokenizer.model_proto)
+        module = TranslationModule(model, tokenizer, tokenizer_file=asset_file, **{
+            k: options[k] for k in ("beam_size", "alpha", "max_source_length",
+                                    "max_extra_length", "batch_buckets",
+                                    "length_buckets")})
+        out = staging / "model"
+        with _core_ops_only():  # nothing may be traced with XLA ops
+            tf.saved_model.save(module, str(out), signatures=module.signatures())
+        bad = forbidden_ops(saved_model_ops(out))
+        if bad:
+            raise RuntimeError(f"the exported graph contains ops TF Serving cannot run: {bad}")
+        (out / "assets.extra").mkdir(exist_ok=True)
+        (out / "assets.extra" / "export_options.json").write_text(json.dumps(
+            dict(options, batch_buckets=list(options["batch_buckets"]),
+                 length_buckets=list(options["length_buckets"]),
+                 config=model.config.to_dict(), tensorflow=tf.__version__,
+                 tensorflow_text=_tf_text_version()), indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(out, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if verbose:
+        print(f"Exported {BEAM_SIGNATURE} (beam {options['beam_size']}, alpha "
+              f"{options['alpha']}) and {GREEDY_SIGNATURE} to {target}")
+    return target
+
+
+def _tf_text_version():
+    import tensorflow_text
+
+    return getattr(tensorflow_text, "__version__", "unknown")
+
+
+def _export_in_subprocess(run_dir, export_dir, *, model_name, version, overwrite, verbose,
+                          beam_size, alpha, max_source_length, max_extra_length,
+                          batch_buckets, length_buckets, weights=None):
+    """Runs `python -m keras_transformer export` under the TensorFlow backend."""
+    package_root = str(pathlib.Path(__file__).resolve().parents[1])
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+    command = [
+        sys.executable, "-m", "keras_transformer", "export", "--run", str(run_dir),
+        "--export-dir", str(export_dir), "--model-name", model_name,
+        "--version", str(version), "--beam-size", str(beam_size), "--alpha", str(alpha),
+        "--batch-buckets", ",".join(map(str, batch_buckets)),
+    ]
+    if max_source_length is not None:
+        command += ["--max-source-length", str(max_source_length)]
+    if max_extra_length is not None:
+        command += ["--max-extra-length", str(max_extra_length)]
+    if length_buckets:
+        command += ["--length-buckets", ",".join(map(str, length_buckets))]
+    if weights is not None:
+        command += ["--weights", str(weights)]
+    if overwrite:
+        command.append("--overwrite")
+    if not verbose:
+        command.append("--quiet")
+    result = subprocess.run(command, env=env, capture_output=not verbose, text=True)
+    if result.returncode != 0:
+        details = "" if verbose else f":\n{result.stderr[-4000:]}"
+        raise RuntimeError(
+            f"export under the TensorFlow backend failed (exit {result.returncode}) "
+            f"for {' '.join(command)}{details}")
+    return pathlib.Path(export_dir) / model_name / str(version)
+
+
+def _check_run(run_dir):
+    """The tokenizer, model.keras and config.json paths of a training output folder."""
+    if not run_dir.is_dir():
+        raise FileNotFoundError(
+            f"training output folder not found: {run_dir} (expected the output_dir of "
+            "a training run, with model.keras and spm.model)")
+    spm = run_dir / TOKENIZER_ASSET
+    if not spm.is_file():
+        raise FileNotFoundError(f"{run_dir} has no {TOKENIZER_ASSET} (the SentencePiece "
+                                "model a training run writes)")
+    keras_file, config_file = run_dir / "model.keras", run_dir / "config.json"
+    if not keras_file.is_file() and not config_file.is_file():
+        raise FileNotFoundError(
+            f"{run_dir} has neither model.keras nor config.json (+ model.weights.h5); "
+            "expected the output_dir of a training run")
+    return spm, keras_file, config_file
+
+
+def _load_run(run_dir, weights=None):
+    """Model (TensorFlow backend) and tokenizer of a training output folder."""
+    import keras
+
+    from keras_transformer.config import TransformerConfig
+    from keras_transformer.data.tokenizer import Tokenizer
+    from keras_transformer.model import build_model
+
+    run_dir = pathlib.Path(run_dir)
+    spm, keras_file, config_file = _check_run(run_dir)
+    if keras_file.is_file():
+        model = keras.saving.load_model(keras_file, compile=False)
+    else:
+        model = build_model(TransformerConfig.from_dict(json.loads(config_file.read_text())))
+        if weights is None:
+            weights = run_dir / "model.weights.h5"
+    if weights is not None:
+        weights = pathlib.Path(weights)
+        if not weights.is_file():
+            raise FileNotFoundError(f"weights file not found: {weights}")
+        model.load_weights(weights)
+    return model, Tokenizer.load(spm)
+
+
+def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
+                    version=None, weights=None, beam_size=4, alpha=0.6,
+                    max_source_length=None, max_extra_length=50,
+                    batch_buckets=DEFAULT_BATCH_BUCKETS, length_buckets=None,
+                    overwrite=False, verbose=False):
+    """Exports a training output folder (`model.keras` + `spm.model`) for TF Serving.
+
+    Works from any Keras backend: outside TensorFlow it re-runs itself in a
+    TensorFlow-backend subprocess (the saved weights are backend-portable).
+
+    Args:
+        run_dir: the training job's `output_dir` (`keras_transformer.experiment`):
+            `model.keras` (or `config.json` + `model.weights.h5`) and
+            `spm.model`.
+        export_dir: the model server's base folder.
+        model_name, version: as in `export_saved_model`.
+        weights: a `.weights.h5` file to load instead of the saved weights
+            (e.g. `averaged.weights.h5` or a checkpoint).
+        beam_size, alpha, max_source_length, max_extra_length, batch_buckets,
+            length_buckets, overwrite, verbose: as in `export_saved_model`.
+
+    Returns:
+        The `pathlib.Path` of the written version folder.
+
+    Example:
+
+    >>> export_from_run("runs/demo_tiny", "saved_models", version=1)
+    PosixPath('saved_models/transformer/1')
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        run_dir = pathlib.Path(run_dir)
+        _check_run(run_dir)
+        if weights is not None and not pathlib.Path(weights).is_file():
+            raise FileNotFoundError(f"weights file not found: {weights}")
+        _, version, _ = _version_dir(export_dir, model_name, version, overwrite)
+        return _export_in_subprocess(
+            run_dir, export_dir, model_name=model_name, version=version,
+            overwrite=overwrite, verbose=verbose, beam_size=beam_size, alpha=alpha,
+            max_source_length=max_source_length, max_extra_length=max_extra_length,
+            batch_buckets=batch_buckets, length_buckets=length_buckets, weights=weights)
+
+    from keras_transformer.translate import Translator
+
+    model, tokenizer = _load_run(run_dir, weights)
+    translator = Translator(model, tokenizer, max_extra_length=max_extra_length)
+    return export_saved_model(
+        translator, export_dir, model_name=model_name, version=version,
+        beam_size=beam_size, alpha=alpha, max_source_length=max_source_length,
+        max_extra_length=max_extra_length, batch_buckets=batch_buckets,
+        length_buckets=length_buckets, overwrite=overwrite, verbose=verbose)

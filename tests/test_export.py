@@ -1,0 +1,390 @@
+"""SavedModel export for TF Serving: fresh-process equality, op list, inputs, wire formats.
+
+One tiny model and tokenizer are exported once per session (`exported()`,
+also used by test_cli.py). Under JAX and PyTorch the export runs in a
+TensorFlow-backend subprocess; the reference translations always come from
+`Translator.translate` in this process, on this backend.
+"""
+
+import base64
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import threading
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.data import generate_pairs, train_tokenizer
+from keras_transformer.export import (
+    BEAM_SIGNATURE,
+    GREEDY_SIGNATURE,
+    export_saved_model,
+    forbidden_ops,
+    next_version,
+    saved_model_ops,
+)
+from keras_transformer.model import build_model
+from keras_transformer.translate import Translator
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BEAM_SIZE, ALPHA, MAX_LENGTH, MAX_EXTRA = 3, 0.6, 32, 6
+LONG_INPUT = "word " * 5000
+
+
+def _sentences():
+    pairs = generate_pairs(14, seed=11)
+    return [en for en, _ in pairs] + [
+        "", "   ", LONG_INPUT, "Hello world.", "Grüße aus Köln – 東京 🙂",
+        "The cat sat on the mat.",
+    ]
+
+
+def _build(work):
+    """Tokenizer, tiny model and Translator; the model avoids byte pieces."""
+    pairs = generate_pairs(2000, seed=0)
+    (work / "train.en").write_text("\n".join(p[0] for p in pairs), encoding="utf-8")
+    (work / "train.de").write_text("\n".join(p[1] for p in pairs), encoding="utf-8")
+    run = work / "run"
+    tokenizer = train_tokenizer([work / "train.en", work / "train.de"], 400,
+                                run / "spm.model")
+    keras.utils.set_random_seed(7)
+    config = TransformerConfig.preset(
+        "tiny", vocab_size=tokenizer.vocabulary_size(), num_layers=2, d_model=32,
+        num_heads=4, d_ff=64, dropout=0.0, max_length=MAX_LENGTH)
+    model = build_model(config)
+    # Zero embeddings (so logit 0) for the special ids and the byte-fallback
+    # pieces: whatever the backend's random init, the outputs are then word
+    # pieces up to the length limit, never empty.
+    V = config.vocab_size
+    zeroed = [i for i in range(V)
+              if i < 4 or tokenizer.id_to_token(i).startswith("<0x")]
+    for variable in model.weights:
+        if tuple(variable.shape) == (V, config.d_model):
+            value = keras.ops.convert_to_numpy(variable.value).copy()
+            value[zeroed] = 0.0
+            variable.assign(value)
+    model.save(run / "model.keras")
+    return Translator(model, tokenizer, batch_size=8, max_extra_length=MAX_EXTRA), run
+
+
+_CACHE = {}
+
+
+def exported(tmp_path_factory):
+    """The session's export: dict with paths, translator and reference outputs."""
+    if "export" not in _CACHE:
+        work = tmp_path_factory.mktemp("export")
+        translator, run = _build(work)
+        base = work / "saved_models"
+        path = export_saved_model(translator, base, beam_size=BEAM_SIZE, alpha=ALPHA,
+                                  batch_buckets=(1, 8))
+        sentences = _sentences()
+        _CACHE["export"] = dict(
+            path=path, base=base, run=run, translator=translator, sentences=sentences,
+            beam=translator.translate(sentences, beam_size=BEAM_SIZE, alpha=ALPHA),
+            greedy=translator.translate(sentences, beam_size=1))
+    return _CACHE["export"]
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    return exported(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def loaded(export):
+    return tf.saved_model.load(str(export["path"]))
+
+
+def _call(loaded, texts, signature=BEAM_SIGNATURE):
+    outputs = loaded.signatures[signature](text=tf.constant(texts, tf.string))
+    return ([t.decode("utf-8") for t in outputs["translation"].numpy()],
+            outputs["score"].numpy())
+
+
+# --- layout and fresh process ----------------------------------------------------------
+
+
+def test_layout_is_tf_serving_model_version(export):
+    path = export["path"]
+    assert path == export["base"] / "transformer" / "1"
+    assert (path / "saved_model.pb").is_file() and (path / "variables").is_dir()
+    asset = path / "assets" / "spm.model"
+    assert asset.read_bytes() == export["translator"].tokenizer.model_proto
+    # Only the version folder is left: no half-written staging folder.
+    assert sorted(p.name for p in path.parent.iterdir()) == ["1"]
+    assert next_version(path.parent) == 2
+    options = json.loads((path / "assets.extra" / "export_options.json").read_text())
+    assert options["beam_size"] == BEAM_SIZE and options["max_source_length"] == MAX_LENGTH
+
+
+_CHILD = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # registers the SentencePiece ops
+loaded = tf.saved_model.load(sys.argv[1])
+texts = json.load(open(sys.argv[2], encoding="utf-8"))
+result = {"modules": sorted(m for m in sys.modules if m.startswith("keras_transformer")),
+          "asset": loaded.tokenizer_model.asset_path.numpy().decode()}
+for name in ("serving_default", "translate_greedy"):
+    out = loaded.signatures[name](text=tf.constant(texts))
+    result[name] = [t.decode("utf-8") for t in out["translation"].numpy()]
+    result[name + "_score"] = out["score"].numpy().tolist()
+json.dump(result, open(sys.argv[3], "w", encoding="utf-8"))
+"""
+
+
+def test_fresh_process_with_only_tf_text_matches_translator(export, tmp_path):
+    # Copy the export elsewhere and move the original away: self-contained.
+    copy = tmp_path / "elsewhere" / "transformer" / "1"
+    shutil.copytree(export["path"], copy)
+    hidden = export["path"].with_name("hidden")
+    export["path"].rename(hidden)
+    try:
+        (tmp_path / "texts.json").write_text(json.dumps(export["sentences"]),
+                                             encoding="utf-8")
+        (tmp_path / "child.py").write_text(_CHILD)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        result = subprocess.run(
+            [sys.executable, str(tmp_path / "child.py"), str(copy),
+             str(tmp_path / "texts.json"), str(tmp_path / "out.json")],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        hidden.rename(export["path"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    assert out["modules"] == []  # the model code is not needed
+    assert pathlib.Path(out["asset"]).resolve() == (copy / "assets" / "spm.model").resolve()
+    assert out["serving_default"] == export["beam"]
+    assert out["translate_greedy"] == export["greedy"]
+    # Non-trivial outputs: not all empty, not all equal.
+    nonblank = [t for s, t in zip(export["sentences"], export["beam"]) if s.strip()]
+    assert all(nonblank) and len(set(nonblank)) > 1
+    scores = np.array(out["serving_default_score"])
+    assert np.all(np.isfinite(scores)) and np.all(scores[[14, 15]] == 0.0)
+
+
+def test_scores_are_length_normalised_log_probabilities(export, loaded):
+    from keras_transformer.decoding import beam_search
+
+    translator = export["translator"]
+    sentence = export["sentences"][0]
+    # The (8, 32) shape the translator has compiled already (its first batch).
+    source = np.zeros((8, MAX_LENGTH), "int32")
+    ids = translator.encode([sentence])[0]
+    source[0, :len(ids)] = ids
+    _, scores = beam_search(translator.model, source, beam_size=BEAM_SIZE, alpha=ALPHA,
+                            max_extra_length=MAX_EXTRA)
+    _, served = _call(loaded, [sentence])
+    np.testing.assert_allclose(served[0], keras.ops.convert_to_numpy(scores)[0], rtol=1e-4)
+    _, greedy_score = _call(loaded, [sentence], GREEDY_SIGNATURE)
+    assert np.isfinite(greedy_score[0]) and greedy_score[0] < 0
+
+
+# --- graph contents ----------------------------------------------------------------------
+
+
+def _saved_model_cli():
+    exe = shutil.which("saved_model_cli")
+    if exe:
+        return [exe]
+    return [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
+
+
+def test_saved_model_cli_and_op_list(export):
+    result = subprocess.run(_saved_model_cli() + ["show", "--all", "--dir", str(export["path"])],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = result.stdout
+    for name in (BEAM_SIGNATURE, GREEDY_SIGNATURE):
+        block = text.split(f"signature_def['{name}']:")[1].split("signature_def[")[0]
+        inputs, outputs = block.split("output(s):")
+        assert "inputs['text'] tensor_info:" in inputs
+        assert "dtype: DT_STRING" in inputs and "shape: (-1)" in inputs
+        assert "outputs['translation'] tensor_info:" in outputs
+        assert "outputs['score'] tensor_info:" in outputs
+        assert "DT_FLOAT" in outputs.split("outputs['score']")[1]
+    ops = saved_model_ops(export["path"])
+    assert "SentencepieceOp" in ops and "SentencepieceTokenizeOp" in ops
+    assert "StatelessWhile" in ops or "While" in ops
+    assert forbidden_ops(ops) == []
+    assert not [op for op in ops if "PyFunc" in op or op.startswith(("Addons>", "Xla"))]
+
+
+def test_forbidden_ops_names_python_addons_and_xla_ops():
+    assert forbidden_ops(["MatMul", "EagerPyFunc", "PyFunc", "Addons>GatherTree",
+                          "XlaDynamicUpdateSlice", "SentencepieceOp"]) == [
+        "Addons>GatherTree", "EagerPyFunc", "PyFunc", "XlaDynamicUpdateSlice"]
+
+
+# --- bad inputs ----------------------------------------------------------------------------
+
+
+def test_empty_inputs(loaded):
+    for signature in (BEAM_SIGNATURE, GREEDY_SIGNATURE):
+        texts, scores = _call(loaded, ["", "  ", "Hello."], signature)
+        assert texts[:2] == ["", ""] and list(scores[:2]) == [0.0, 0.0]
+        outputs = loaded.signatures[signature](text=tf.constant([], tf.string))
+        assert outputs["translation"].shape == (0,) and outputs["score"].shape == (0,)
+        assert outputs["translation"].dtype == tf.string
+
+
+def test_long_input_is_truncated_to_max_source_length(export, loaded):
+    tokenizer = export["translator"].tokenizer
+    pieces = tokenizer.tokenize([LONG_INPUT]).to_list()[0]
+    assert len(pieces) >= 5000
+    # Truncated to MAX_LENGTH - 1 pieces + EOS: any prefix with more pieces
+    # than that gives the same translation.
+    words = 2
+    while len(tokenizer.tokenize(["word " * words]).to_list()[0]) < MAX_LENGTH:
+        words += 1
+    texts, scores = _call(loaded, [LONG_INPUT, "word " * words])
+    assert texts[0] == texts[1] and np.isfinite(scores[0])
+    assert texts[0] == export["beam"][export["sentences"].index(LONG_INPUT)]
+
+
+def test_bytes_that_are_not_utf8_are_replaced(loaded):
+    bad = [b"caf\xe9 au lait", b"\xff\xfe\x00 The cat.", b"\xc3"]
+    replaced = [b.decode("utf-8", "replace") for b in bad]
+    for signature in (BEAM_SIGNATURE, GREEDY_SIGNATURE):
+        texts, _ = _call(loaded, bad, signature)
+        assert texts == _call(loaded, replaced, signature)[0]
+
+
+# --- concurrency --------------------------------------------------------------------------
+
+
+def test_concurrent_calls_match_sequential_calls(export, loaded):
+    sentences = [s for s in export["sentences"] if s != LONG_INPUT]
+    distinct = [sentences[i:i + 1 + i % 3] for i in range(0, 15, 2)]  # 8 requests
+    signature = loaded.signatures[BEAM_SIGNATURE]
+
+    def run(texts):
+        return signature(text=tf.constant(texts))["translation"].numpy().tolist()
+
+    expected = [run(texts) for texts in distinct]  # sequential
+    results, errors = {}, []
+
+    def worker(t):
+        try:
+            for i in range(20):
+                k = (t + i) % len(distinct)
+                results[(t, i)] = (k, run(distinct[k]))
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(results) == 160
+    assert all(out == expected[k] for k, out in results.values())
+
+
+# --- wire formats -------------------------------------------------------------------------
+
+
+def _client():
+    spec = importlib.util.spec_from_file_location("serving_client",
+                                                  REPO / "examples" / "serving_client.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tf_serving_rest(loaded, body_text):
+    """What TF Serving does with a row-format REST body (a test stand-in)."""
+    body = json.loads(body_text)
+    values = []
+    for instance in body["instances"]:
+        value = instance["text"] if isinstance(instance, dict) else instance
+        if isinstance(value, dict):
+            values.append(base64.b64decode(value["b64"]))
+        else:
+            values.append(value.encode("utf-8"))
+    outputs = loaded.signatures[body.get("signature_name", BEAM_SIGNATURE)](
+        text=tf.constant(values, tf.string))
+    predictions = [{"translation": t.decode("utf-8"), "score": float(s)}
+                   for t, s in zip(outputs["translation"].numpy(), outputs["score"].numpy())]
+    return json.dumps({"predictions": predictions})
+
+
+def test_rest_body_through_the_signature_gives_the_translations(export, loaded):
+    client = _client()
+    sentences = export["sentences"]
+    for signature, expected in ((BEAM_SIGNATURE, export["beam"]),
+                                (GREEDY_SIGNATURE, export["greedy"])):
+        body = client.build_rest_request(sentences, signature_name=signature)
+        assert body["signature_name"] == signature
+        assert body["instances"][0] == {"text": sentences[0]}
+        translations, scores = client.parse_rest_response(
+            _tf_serving_rest(loaded, json.dumps(body)))
+        assert translations == expected and len(scores) == len(sentences)
+    # Bytes that are not UTF-8 travel as base64.
+    body = client.build_rest_request([b"caf\xe9"])
+    assert body["instances"] == [{"text": {"b64": base64.b64encode(b"caf\xe9").decode()}}]
+    assert client.parse_rest_response(_tf_serving_rest(loaded, json.dumps(body)))[0] == \
+        _call(loaded, ["caf\ufffd"])[0]
+    with pytest.raises(RuntimeError, match="bad input"):
+        client.parse_rest_response({"error": "bad input"})
+    assert client.rest_url("localhost:8501", "transformer", 3) == \
+        "http://localhost:8501/v1/models/transformer/versions/3:predict"
+
+
+def test_grpc_request_converts_to_the_same_tensors(export, loaded):
+    client = _client()
+    sentences = export["sentences"]
+    proto = client.text_tensor_proto(sentences)
+    values = tf.make_ndarray(proto)
+    assert values.shape == (len(sentences),)
+    assert values.tolist() == [s.encode("utf-8") for s in sentences]
+    outputs = loaded.signatures[BEAM_SIGNATURE](text=tf.constant(values))
+    assert [t.decode() for t in outputs["translation"].numpy()] == export["beam"]
+
+    pytest.importorskip("tensorflow_serving.apis.predict_pb2",
+                        reason="PredictRequest needs tensorflow-serving-api (the `serving` "
+                               "extra): pip install tensorflow-serving-api")
+    from tensorflow_serving.apis import predict_pb2
+
+    request = client.build_grpc_request(sentences, "transformer", GREEDY_SIGNATURE,
+                                        version=1)
+    assert request.model_spec.name == "transformer"
+    assert request.model_spec.signature_name == GREEDY_SIGNATURE
+    assert request.model_spec.version.value == 1
+    request = predict_pb2.PredictRequest.FromString(request.SerializeToString())
+    values = tf.make_ndarray(request.inputs["text"])
+    assert values.tolist() == [s.encode("utf-8") for s in sentences]
+    outputs = loaded.signatures[request.model_spec.signature_name](text=tf.constant(values))
+    response = predict_pb2.PredictResponse()
+    for name, tensor in outputs.items():
+        response.outputs[name].CopyFrom(tf.make_tensor_proto(tensor.numpy()))
+    translations, _ = client.parse_grpc_response(response)
+    assert translations == export["greedy"]
+
+
+# --- argument errors ------------------------------------------------------------------------
+
+
+def test_export_argument_errors(export, tmp_path):
+    translator = export["translator"]
+    with pytest.raises(FileExistsError, match="already exists"):
+        export_saved_model(translator, export["base"], version=1)
+    with pytest.raises(ValueError, match="max_source_length"):
+        export_saved_model(translator, tmp_path, max_source_length=MAX_LENGTH + 1)
+    with pytest.raises(ValueError, match="beam_size"):
+        export_saved_model(translator, tmp_path, beam_size=1)
+    with pytest.raises(ValueError, match="length_buckets"):
+        export_saved_model(translator, tmp_path, length_buckets=(8, 16))
+    with pytest.raises(TypeError, match="Tokenizer"):
+        export_saved_model(Translator(translator.model, object()), tmp_path)
+    assert not any(tmp_path.iterdir())
