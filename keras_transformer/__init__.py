@@ -28,3 +28,12 @@ from keras_transformer.training import (
 from keras_transformer.translate import BleuResult, Translator, evaluate_bleu
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The SavedModel export is TensorFlow-only: import it on first use.
+    if name == "export_saved_model":
+        from keras_transformer.export import export_saved_model
+
+        return export_saved_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
