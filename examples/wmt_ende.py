@@ -13,7 +13,8 @@ Data -> shared SentencePiece vocabulary -> token-bucketed tf.data ->
 build_model under the distribution strategy -> the paper's optimizer, schedule
 and label-smoothed loss -> model.fit (re-run the same command to resume after
 a crash) -> average the last checkpoints -> beam search (4, alpha 0.6) ->
-sacreBLEU. The logic lives in `keras_transformer.experiment`.
+sacreBLEU -> a SavedModel for TF Serving. The logic lives in
+`keras_transformer.experiment`.
 """
 
 import argparse
@@ -47,6 +48,10 @@ def parse_args(argv=None):
     parser.add_argument("--eval-sentences", type=int,
                         help="score only the first N test sentences")
     parser.add_argument("--jit-compile", default="auto", choices=["auto", "true", "false"])
+    parser.add_argument("--export-dir", default="saved_models",
+                        help="TF Serving export base (<dir>/<model-name>/<version>); "
+                             "'' to skip the export")
+    parser.add_argument("--model-name", default="transformer")
     parser.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2])
     args = parser.parse_args(argv)
     if args.output_dir is None:

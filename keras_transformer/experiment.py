@@ -57,6 +57,8 @@ class JobSettings:
     alpha: float = 0.6
     eval_sentences: int = None
     jit_compile: str = "auto"
+    export_dir: str = "saved_models"
+    model_name: str = "transformer"
     verbose: int = 1
 
     def __post_init__(self):
@@ -354,6 +356,16 @@ def run(settings):
     plot_path = output_dir / "training.png"
     plot_training(output_dir / "training_log.csv", plot_path)
 
+    # The TF Serving export (string in, translation out); from the JAX and
+    # PyTorch backends it runs in a TensorFlow subprocess.
+    export_path = None
+    if s.export_dir:
+        from keras_transformer.export import export_saved_model
+
+        export_path = export_saved_model(translator, s.export_dir, model_name=s.model_name,
+                                         beam_size=s.beam_size, alpha=s.alpha)
+        say(f"Exported the SavedModel for TF Serving -> {export_path}")
+
     samples = kt_data.load_parallel_text(*paths["test"])
     say("\nSample translations (test split):")
     for i in range(min(3, len(result.hypotheses))):
@@ -367,6 +379,7 @@ def run(settings):
         "training_log": output_dir / "training_log.csv",
         "plot": plot_path,
         "hypotheses": hypotheses_path,
+        "saved_model": export_path,
     }
     for name, path in written.items():
         if path is not None:

@@ -44,7 +44,8 @@ def _command(output_dir):
     return [sys.executable, str(REPO / "examples" / "wmt_ende.py"), "--data", "demo",
             "--preset", "tiny", "--train-steps", "24", "--checkpoint-every", "6",
             "--average-last", "2", "--tokens-per-batch", "512", "--eval-sentences", "4",
-            "--beam-size", "2", "--output-dir", str(output_dir), "--verbose", "2"]
+            "--beam-size", "2", "--output-dir", str(output_dir), "--verbose", "2",
+            "--export-dir", str(output_dir / "saved_models")]
 
 
 @pytest.mark.slow
@@ -90,3 +91,6 @@ def test_example_script_resumes_after_sigkill(tmp_path):
                  "training_log.csv"]:
         assert (output_dir / name).exists(), name
     assert "BLEU" in output and "Sample translations" in output
+    # The TF Serving export of the finished run.
+    assert (output_dir / "saved_models" / "transformer" / "1" / "saved_model.pb").exists()
+    assert results["settings"]["export_dir"] == str(output_dir / "saved_models")
