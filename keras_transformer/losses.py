@@ -6,6 +6,20 @@ from keras import ops
 from keras_transformer.api import register
 
 
+def token_weights(labels, pad_id, sample_weight=None):
+    """float32 weights `(batch, T)`: 0 at pad labels, else `sample_weight` (or 1).
+
+    `sample_weight` may be per sentence `(batch,)` or per token `(batch, T)`.
+    """
+    weights = ops.cast(ops.not_equal(ops.cast(labels, "int32"), pad_id), "float32")
+    if sample_weight is not None:
+        sample_weight = ops.cast(sample_weight, "float32")
+        while len(sample_weight.shape) < len(weights.shape):
+            sample_weight = ops.expand_dims(sample_weight, -1)
+        weights = weights * sample_weight
+    return weights
+
+
 def _multi_replica_context():
     """The tf.distribute replica context of a multi-replica step, else None."""
     if keras.backend.backend() != "tensorflow":
@@ -69,13 +83,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.pad_id = pad_id
 
     def __call__(self, y_true, y_pred, sample_weight=None):
-        weights = ops.cast(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id),
-                           "float32")
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            while len(sample_weight.shape) < len(weights.shape):
-                sample_weight = ops.expand_dims(sample_weight, -1)
-            weights = weights * sample_weight
+        weights = token_weights(y_true, self.pad_id, sample_weight)
         replica_context = _multi_replica_context()
         if self.reduction != "mean_with_sample_weight" or replica_context is None:
             return super().__call__(y_true, y_pred, sample_weight=weights)
@@ -139,12 +147,7 @@ class MaskedAccuracy(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         labels = ops.cast(y_true, "int32")
         predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
-        weights = ops.cast(ops.not_equal(labels, self.pad_id), "float32")
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            while len(sample_weight.shape) < len(weights.shape):
-                sample_weight = ops.expand_dims(sample_weight, -1)
-            weights = weights * sample_weight
+        weights = token_weights(labels, self.pad_id, sample_weight)
         hits = ops.cast(ops.equal(labels, predictions), "float32") * weights
         self.correct.assign_add(ops.sum(hits))
         self.count.assign_add(ops.sum(weights))
