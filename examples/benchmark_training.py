@@ -14,14 +14,26 @@ each peak RSS is that framework's alone and neither framework's thread pools
 or allocator live in the other's process. The parent process imports neither
 Keras nor PyTorch: it alternates timed rounds between the two workers
 (`--repeats` rounds of `--steps` steps each; the order flips every round) and
-reports the median round. Warm-up steps, tracing and XLA compilation are
-excluded from the timings and reported separately.
+reports the median round (and the best). Warm-up steps, tracing and XLA
+compilation are excluded from the timings and reported separately.
+
+On a shared machine, each round also records how many cores other processes
+kept busy meanwhile (from /proc/stat); the summary flags busy runs. PyTorch's
+OpenMP threads degrade far more than TensorFlow's or XLA's thread pools when
+the cores are oversubscribed (a training step can take 5x longer), so ratios
+measured on a busy machine overstate Keras' lead. `--wait-for-quiet SECONDS`
+waits, before each timed run, for the other processes to leave the CPUs.
 
 Usage:
 
     KERAS_BACKEND=jax python examples/benchmark_training.py --preset small
     KERAS_BACKEND=tensorflow python examples/benchmark_training.py --jit-compile true
     python examples/benchmark_training.py --all-backends   # summary table
+    python examples/benchmark_training.py --all-backends --wait-for-quiet 20
+
+The machine's float32 matmul throughput is the best GFLOP/s of square
+`--matmul-size` products in numpy, in the Keras backend (`keras.ops.matmul`)
+and in PyTorch, each timed in its own process before and after the rounds.
 
 FLOPs of one training step are counted analytically (see `training_flops`):
 2 FLOPs per multiply-add of every matmul of the forward pass, times 3 for
@@ -760,6 +772,8 @@ def parse_args(argv=None):
                              "processes to leave the CPUs (shared machines)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="threads of the torch reference (default: PyTorch's)")
+    parser.add_argument("--matmul-size", type=int, default=2048,
+                        help="size of the square matmuls timed for the peak")
     parser.add_argument("--in-process", action="store_true",
                         help="run Keras and torch in this process (one shared RSS)")
     parser.add_argument("--all-backends", action="store_true",
@@ -806,7 +820,8 @@ def main(argv=None):
         steps=args.steps, warmup_steps=args.warmup_steps, repeats=args.repeats,
         jit_compile={"auto": "auto", "true": True, "false": False}[args.jit_compile],
         torch_threads=args.torch_threads, pad_fraction=args.pad_fraction,
-        wait_for_quiet_s=args.wait_for_quiet, isolate=not args.in_process, log=lambda *a: print(*a, flush=True),
+        wait_for_quiet_s=args.wait_for_quiet, matmul_size=args.matmul_size,
+        isolate=not args.in_process, log=lambda *a: print(*a, flush=True),
     )
     print(format_result(result))
     if args.json:
