@@ -19,10 +19,14 @@ from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.training import (
     LearningRateLogger,
     StepCheckpoint,
+    StopAtUpdate,
+    TrainingTimer,
     average_checkpoints,
     compile_model,
     list_checkpoints,
+    optimizer_updates,
     paper_optimizer,
+    peak_memory_mib,
     plot_training,
 )
 from keras_transformer.translate import BleuResult, Translator, evaluate_bleu

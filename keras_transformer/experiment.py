@@ -20,6 +20,8 @@ import keras
 from keras_transformer.config import TransformerConfig
 
 SPLITS = ("train", "valid", "test")
+# Training batches whose mean token count gives the reported tokens/s.
+TOKEN_SAMPLE_BATCHES = 200
 
 # Settings used when a flag is not given. The paper's presets reproduce the
 # paper (WMT14, 100k steps of 25,000 tokens for base, 300k for big); the CPU
@@ -29,8 +31,9 @@ PRESET_DEFAULTS = {
                  max_length=256, checkpoint_every=1000, average_last=5),
     "big": dict(train_steps=300_000, tokens_per_batch=25_000, vocab_size=37_000,
                 max_length=256, checkpoint_every=1000, average_last=20),
-    "small": dict(train_steps=6_000, tokens_per_batch=4096, vocab_size=8000,
-                  max_length=128, checkpoint_every=500, average_last=5),
+    # small: about 55 minutes of training on 2 CPU cores (Multi30k).
+    "small": dict(train_steps=2_400, tokens_per_batch=4096, vocab_size=8000,
+                  max_length=128, checkpoint_every=200, average_last=5),
     "tiny": dict(train_steps=500, tokens_per_batch=3072, vocab_size=4000,
                  max_length=96, checkpoint_every=100, average_last=3),
 }
@@ -246,7 +249,7 @@ def read_backup_step(backup_dir):
 
 def build_callbacks(settings, output_dir, *, validation=True):
     """Progress bar, resumable backups, checkpoints, logs, NaN guard."""
-    from keras_transformer.training import LearningRateLogger, StepCheckpoint
+    from keras_transformer.training import LearningRateLogger, StepCheckpoint, StopAtUpdate
 
     output_dir = pathlib.Path(output_dir)
     return [
@@ -257,6 +260,7 @@ def build_callbacks(settings, output_dir, *, validation=True):
                        keep=settings.average_last),
         keras.callbacks.CSVLogger(str(output_dir / "training_log.csv"), append=True),
         keras.callbacks.TerminateOnNaN(),
+        StopAtUpdate(settings.train_steps),
     ] + ([keras.callbacks.TensorBoard(str(output_dir / "tensorboard"))]
          if keras.backend.backend() == "tensorflow" else [])
 
@@ -266,12 +270,17 @@ def run(settings):
     from keras_transformer import data as kt_data
     from keras_transformer.model import build_model
     from keras_transformer.training import (
+        TrainingTimer,
         average_checkpoints,
         compile_model,
         list_checkpoints,
+        optimizer_updates,
+        peak_memory_mib,
         plot_training,
     )
     from keras_transformer.translate import Translator, evaluate_bleu
+
+    import tensorflow as tf
 
     s = settings
     output_dir = pathlib.Path(s.output_dir)
@@ -307,6 +316,21 @@ def run(settings):
                                     tokens_per_batch=s.tokens_per_batch,
                                     max_length=s.max_length, training=False,
                                     num_replicas=replicas)
+    # Mean non-pad target tokens (labels) per batch, from the first
+    # TOKEN_SAMPLE_BATCHES shuffled batches (all of them on small corpora);
+    # with the timed steps it gives training tokens/s.
+    sample = kt_data.batch_statistics(kt_data.make_dataset(
+        train_pairs, tokenizer, tokens_per_batch=s.tokens_per_batch,
+        max_length=s.max_length, training=True, repeat=False,
+        num_replicas=replicas, seed=s.seed).take(TOKEN_SAMPLE_BATCHES))
+    target_tokens_per_update = (sample.target_tokens / sample.num_batches
+                                * s.grad_accum_steps)
+    say(f"Training batches: {target_tokens_per_update:.0f} target tokens per update "
+        f"on average (mean of {sample.num_batches} batches)")
+    # A known number of validation batches: without it Keras warns that the
+    # input "ran out of data" at the end of the first validation pass.
+    valid_ds = valid_ds.apply(tf.data.experimental.assert_cardinality(
+        sum(1 for _ in valid_ds)))
     with scope:
         model = build_model(config)
         compile_model(model, gradient_accumulation_steps=s.grad_accum_steps,
@@ -324,15 +348,23 @@ def run(settings):
             f"(update {resumed_epoch * s.checkpoint_every})")
     else:
         say(f"Starting training at step 0: {s.train_steps} updates")
+    timer = TrainingTimer()
     start = time.time()
     history = model.fit(
         train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
-        validation_data=valid_ds, callbacks=build_callbacks(s, output_dir),
+        shuffle=False,  # make_dataset shuffles; fit cannot shuffle a tf.data.Dataset
+        validation_data=valid_ds, callbacks=build_callbacks(s, output_dir) + [timer],
         verbose=s.verbose if s.verbose in (0, 1, 2) else 1,
     )
     train_seconds = time.time() - start
-    final_step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-    say(f"Training finished at update {final_step} in {train_seconds:.0f} s")
+    final_step = optimizer_updates(model.optimizer)
+    # Micro-steps under gradient accumulation: tokens per micro-step.
+    tokens_per_second = timer.tokens_per_second(
+        target_tokens_per_update / s.grad_accum_steps)
+    train_peak_mib = peak_memory_mib()
+    say(f"Training finished at update {final_step} in {train_seconds:.0f} s "
+        f"({timer.steps} steps this run, {tokens_per_second:.0f} target tokens/s "
+        f"in training steps, peak memory {train_peak_mib:.0f} MiB)")
 
     # Average the last checkpoints (section 6.1).
     checkpoints = [p for _, p in list_checkpoints(output_dir / "checkpoints")]
@@ -387,6 +419,10 @@ def run(settings):
     summary = {
         "bleu": result.bleu, "chrf": result.chrf, "bleu_signature": result.bleu_signature,
         "final_step": final_step, "train_seconds": train_seconds,
+        "steps_this_run": timer.steps, "step_seconds": timer.seconds,
+        "target_tokens_per_update": target_tokens_per_update,
+        "train_target_tokens_per_second": tokens_per_second,
+        "train_peak_memory_mib": train_peak_mib, "peak_memory_mib": peak_memory_mib(),
         "parameters": model.count_params(), "backend": keras.backend.backend(),
         "settings": dataclasses.asdict(s),
     }

@@ -6,7 +6,9 @@ strategy (TensorFlow backend) or sets a `keras.distribution` (JAX backend).
 
 import os
 import re
+import resource
 import shutil
+import time
 
 import keras
 import numpy as np
@@ -88,12 +90,43 @@ def list_checkpoints(directory):
     return sorted(found)
 
 
+def optimizer_updates(optimizer):
+    """Number of parameter updates an optimizer has applied.
+
+    Under `gradient_accumulation_steps=k` Keras' public `optimizer.iterations`
+    already counts updates (k micro-batches each); learning-rate schedules,
+    however, are called with the micro-batch count (see
+    `TransformerSchedule(accumulation_steps=...)`).
+    """
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+class StopAtUpdate(keras.callbacks.Callback):
+    """Stops `fit` once the optimizer has applied `total_updates` updates.
+
+    `fit` runs whole epochs of `steps_per_epoch` batches; this ends the last
+    one early when the planned number of updates is not a multiple of the
+    epoch length. The epoch's validation and end-of-epoch callbacks still run.
+    """
+
+    def __init__(self, total_updates):
+        super().__init__()
+        if total_updates < 1:
+            raise ValueError(f"total_updates must be >= 1, received {total_updates}")
+        self.total_updates = total_updates
+
+    def on_train_batch_end(self, batch, logs=None):
+        if optimizer_updates(self.model.optimizer) >= self.total_updates:
+            self.model.stop_training = True
+
+
 class StepCheckpoint(keras.callbacks.Callback):
     """Saves `ckpt-<update>.weights.h5` every `every_n_steps` updates, keeps the last `keep`.
 
     Files are written to a temporary name and renamed, so a crash never leaves
     a truncated checkpoint under a checkpoint name. The step in the name is the
-    optimizer's update count (`optimizer.iterations`), which survives resumes.
+    optimizer's update count (`optimizer.iterations`, which counts updates,
+    not micro-batches, under gradient accumulation), which survives resumes.
 
     Args:
         directory: where to write.
@@ -114,7 +147,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._last_saved = None
 
     def _step(self):
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        return optimizer_updates(self.model.optimizer)
 
     def save(self, step=None):
         step = self._step() if step is None else step
@@ -206,7 +239,54 @@ class LearningRateLogger(keras.callbacks.Callback):
             return
         optimizer = self.model.optimizer
         logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-        logs["step"] = int(keras.ops.convert_to_numpy(optimizer.iterations))
+        logs["step"] = optimizer_updates(optimizer)
+
+
+class TrainingTimer(keras.callbacks.Callback):
+    """Times the training batches of `fit`, without validation and callbacks.
+
+    `seconds` sums the time from each `on_train_batch_begin` to its
+    `on_train_batch_end` (the training step itself: with the default
+    `steps_per_execution=1` a step's results are fetched before its end hook
+    runs), and `steps` counts them. `tokens_per_second(tokens_per_step)`
+    turns that into throughput. `elapsed` is the wall-clock time of the whole
+    `fit` call, validation included.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = 0.0
+        self.steps = 0
+        self.elapsed = 0.0
+        self._batch_start = None
+        self._fit_start = None
+
+    def on_train_begin(self, logs=None):
+        self._fit_start = time.perf_counter()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._batch_start is not None:
+            self.seconds += time.perf_counter() - self._batch_start
+            self.steps += 1
+            self._batch_start = None
+
+    def on_train_end(self, logs=None):
+        if self._fit_start is not None:
+            self.elapsed += time.perf_counter() - self._fit_start
+
+    def tokens_per_second(self, tokens_per_step):
+        """Throughput given the mean number of tokens in one training step."""
+        return tokens_per_step * self.steps / self.seconds if self.seconds else 0.0
+
+
+def peak_memory_mib():
+    """Peak resident memory of this process (Linux/macOS `ru_maxrss`) in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return peak / (1024 * 1024) if os.uname().sysname == "Darwin" else peak / 1024
 
 
 def plot_training(log_csv, output_png):

@@ -1,3 +1,6 @@
+import pathlib
+import time
+
 import keras
 import numpy as np
 import pytest
@@ -130,3 +133,46 @@ def test_schedule_counts_updates_under_accumulation(tiny_config):
         float(keras.ops.convert_to_numpy(optimizer.learning_rate)),
         float(keras.ops.convert_to_numpy(TransformerSchedule(config.d_model, 50)(3))),
         rtol=1e-6)
+
+
+def test_stop_at_update_ends_the_last_epoch_early(tiny_config, tmp_path):
+    """7 planned updates with 4-update epochs: fit stops after update 7, and
+    the checkpoints are named by update, not by micro-batch (accumulation 2)."""
+    model = kt.compile_model(kt.build_model(tiny_config), gradient_accumulation_steps=2)
+    inputs, labels = random_pairs(tiny_config, num_pairs=16)  # 8 micro-batches of 2
+    timer = kt.TrainingTimer()
+    checkpoints = kt.StepCheckpoint(tmp_path / "ckpt", every_n_steps=3, keep=5)
+    history = model.fit(inputs, labels, batch_size=2, epochs=3, verbose=0,
+                        callbacks=[kt.StopAtUpdate(7), checkpoints, timer])
+    assert kt.optimizer_updates(model.optimizer) == 7
+    assert len(history.history["loss"]) == 2  # the second epoch ended early
+    assert timer.steps == 14  # micro-batches
+    assert [s for s, _ in kt.list_checkpoints(tmp_path / "ckpt")] == [3, 6, 7]
+    with pytest.raises(ValueError, match="total_updates"):
+        kt.StopAtUpdate(0)
+
+
+def test_training_timer_counts_steps_and_tokens(tiny_config):
+    model = kt.compile_model(kt.build_model(tiny_config))
+    inputs, labels = random_pairs(tiny_config, num_pairs=12)
+    timer = kt.TrainingTimer()
+    start = time.perf_counter()
+    model.fit(inputs, labels, batch_size=4, epochs=2, verbose=0, callbacks=[timer],
+              validation_data=(inputs, labels))
+    wall = time.perf_counter() - start
+    assert timer.steps == 6
+    assert 0 < timer.seconds <= timer.elapsed <= wall
+    np.testing.assert_allclose(timer.tokens_per_second(100.0),
+                               100.0 * 6 / timer.seconds, rtol=1e-9)
+
+
+def test_peak_memory_matches_the_kernels_high_water_mark():
+    status = pathlib.Path("/proc/self/status")
+    if not status.exists():
+        pytest.skip("needs Linux /proc")
+    ballast = np.ones(64 * 1024 * 1024 // 8)  # 64 MiB touched
+    peak = kt.peak_memory_mib()
+    vm_hwm = next(int(line.split()[1]) for line in status.read_text().splitlines()
+                  if line.startswith("VmHWM:")) / 1024
+    assert abs(peak - vm_hwm) <= 0.05 * vm_hwm
+    assert peak >= ballast.nbytes / 2**20
