@@ -430,3 +430,98 @@ def run(settings):
     return {"result": result, "model": model, "tokenizer": tokenizer,
             "history": history.history, "paths": written, "summary": summary}
 
+
+
+# --- scoring a finished run --------------------------------------------------
+
+
+def resolve_weights(run_dir, name):
+    """Path of the weights called `name` in a run folder.
+
+    `"averaged"` is `averaged.weights.h5`, `"last"` the newest
+    `checkpoints/ckpt-<update>.weights.h5`, `"ckpt-<update>"` that checkpoint;
+    anything else is taken as a path to a `.weights.h5` file.
+    """
+    from keras_transformer.training import list_checkpoints
+
+    run_dir = pathlib.Path(run_dir)
+    checkpoints = list_checkpoints(run_dir / "checkpoints") \
+        if (run_dir / "checkpoints").is_dir() else []
+    if name == "averaged":
+        path = run_dir / "averaged.weights.h5"
+    elif name == "last":
+        if not checkpoints:
+            raise FileNotFoundError(f"no checkpoints/ckpt-*.weights.h5 in {run_dir}")
+        path = pathlib.Path(checkpoints[-1][1])
+    elif name.startswith("ckpt-") and not name.endswith(".h5"):
+        path = run_dir / "checkpoints" / f"{name}.weights.h5"
+    else:
+        path = pathlib.Path(name)
+    if not path.exists():
+        available = ", ".join(f"ckpt-{step}" for step, _ in checkpoints) or "none"
+        raise FileNotFoundError(
+            f"weights {name!r} not found ({path}); use averaged, last, ckpt-<update> "
+            f"(checkpoints in {run_dir}: {available}) or a .weights.h5 path"
+        )
+    return path
+
+
+def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("averaged",),
+                 beam_sizes=(4,), alpha=0.6, max_sentences=None, verbose=True):
+    """Scores a finished run's weights on test splits with sacreBLEU.
+
+    Loads `model.keras` and `spm.model` from `run_dir` (what `run` writes),
+    then for every weights file, beam size and split translates
+    `<corpus_dir>/<split>.en` and scores it against `<split>.de`.
+
+    Args:
+        run_dir: a training output folder, e.g. `runs/multi30k_small`.
+        corpus_dir: folder with `<split>.en` / `<split>.de` files.
+        splits: file stems, e.g. `("test", "test_2017_flickr")`.
+        weights: names understood by `resolve_weights` (`"averaged"`,
+            `"last"`, `"ckpt-2000"`, or paths).
+        beam_sizes: 1 is greedy decoding.
+        alpha: length penalty of beam search.
+        max_sentences: score only the first lines of each split.
+        verbose: print each row as it is measured.
+
+    Returns:
+        A list of dicts with `weights`, `beam_size`, `split`, `bleu`, `chrf`,
+        `num_sentences` and `seconds`.
+    """
+    from keras_transformer import data as kt_data
+    from keras_transformer.translate import Translator, evaluate_bleu
+
+    run_dir, corpus_dir = pathlib.Path(run_dir), pathlib.Path(corpus_dir)
+    for required in (run_dir / "model.keras", run_dir / "spm.model"):
+        if not required.exists():
+            raise FileNotFoundError(f"{required} not found: is {run_dir} a finished run?")
+    files = {}
+    for split in splits:
+        source, reference = corpus_dir / f"{split}.en", corpus_dir / f"{split}.de"
+        if not (source.exists() and reference.exists()):
+            raise FileNotFoundError(f"split {split!r} needs {source} and {reference}")
+        files[split] = (source, reference)
+    weight_paths = {name: resolve_weights(run_dir, name) for name in weights}
+    model = keras.models.load_model(run_dir / "model.keras")
+    translator = Translator(model, kt_data.Tokenizer.load(run_dir / "spm.model"))
+    rows = []
+    for name, path in weight_paths.items():
+        model.load_weights(path)
+        for beam_size in beam_sizes:
+            for split, (source, reference) in files.items():
+                start = time.time()
+                result = evaluate_bleu(translator, source, reference, beam_size=beam_size,
+                                       alpha=alpha, max_sentences=max_sentences,
+                                       verbose=False)
+                row = dict(weights=name, beam_size=beam_size, split=split,
+                           bleu=result.bleu, chrf=result.chrf,
+                           num_sentences=result.num_sentences,
+                           seconds=time.time() - start,
+                           bleu_signature=result.bleu_signature)
+                rows.append(row)
+                if verbose:
+                    print(f"{name:>10s}  beam {beam_size}  {split:18s} BLEU {row['bleu']:6.2f}"
+                          f"  chrF {row['chrf']:6.2f}  ({row['num_sentences']} sentences, "
+                          f"{row['seconds']:.0f} s)", flush=True)
+    return rows

@@ -11,7 +11,13 @@ import time
 import h5py
 import pytest
 
-from keras_transformer.experiment import JobSettings, prepare_corpus, read_backup_step
+from keras_transformer.experiment import (
+    JobSettings,
+    evaluate_run,
+    prepare_corpus,
+    read_backup_step,
+    resolve_weights,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -98,3 +104,64 @@ def test_example_script_resumes_after_sigkill(tmp_path):
     # The TF Serving export of the finished run.
     assert (output_dir / "saved_models" / "transformer" / "1" / "saved_model.pb").exists()
     assert results["settings"]["export_dir"] == str(output_dir / "saved_models")
+
+
+def _fake_run(shared_data, run_dir):
+    """A run folder as `run` leaves it: tokenizer, model.keras, 2 checkpoints, average."""
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.data import train_tokenizer
+
+    corpus = shared_data / "multi30k"
+    train_tokenizer([corpus / "valid.en", corpus / "valid.de"], vocab_size=600,
+                    model_file=run_dir / "spm.model")
+    config = kt.TransformerConfig.preset("tiny", vocab_size=600, num_layers=1, d_model=32,
+                                         num_heads=2, d_ff=64, max_length=48)
+    model = kt.build_model(config)
+    model.save(run_dir / "model.keras")
+    (run_dir / "checkpoints").mkdir()
+    for step, seed in ((10, 1), (20, 2)):
+        keras.utils.set_random_seed(seed)
+        kt.build_model(config).save_weights(run_dir / "checkpoints" / f"ckpt-{step}.weights.h5")
+    kt.average_checkpoints(sorted((run_dir / "checkpoints").glob("*.h5")),
+                           run_dir / "averaged.weights.h5")
+    return corpus, config
+
+
+def test_evaluate_run_scores_each_weights_file(shared_data, tmp_path):
+    import keras
+    import sacrebleu
+
+    import keras_transformer as kt
+    from keras_transformer.data import Tokenizer
+
+    corpus, config = _fake_run(shared_data, tmp_path)
+    rows = evaluate_run(tmp_path, corpus, splits=["test", "test_2017_mscoco"],
+                        weights=["averaged", "ckpt-10"], beam_sizes=[1],
+                        max_sentences=3, verbose=False)
+    assert [(r["weights"], r["split"]) for r in rows] == [
+        ("averaged", "test"), ("averaged", "test_2017_mscoco"),
+        ("ckpt-10", "test"), ("ckpt-10", "test_2017_mscoco")]
+    # Independent path for one row: fresh model, checkpoint, greedy, sacrebleu.
+    model = kt.build_model(config)
+    model.load_weights(tmp_path / "checkpoints" / "ckpt-10.weights.h5")
+    sources = (corpus / "test_2017_mscoco.en").read_text().splitlines()[:3]
+    references = (corpus / "test_2017_mscoco.de").read_text().splitlines()[:3]
+    hypotheses = kt.Translator(model, Tokenizer.load(tmp_path / "spm.model")).translate(
+        sources, beam_size=1)
+    expected = sacrebleu.corpus_bleu(hypotheses, [references]).score
+    assert rows[3]["num_sentences"] == 3
+    assert abs(rows[3]["bleu"] - expected) < 1e-9
+
+
+def test_resolve_weights_names_and_errors(shared_data, tmp_path):
+    _fake_run(shared_data, tmp_path)
+    assert resolve_weights(tmp_path, "last").name == "ckpt-20.weights.h5"
+    assert resolve_weights(tmp_path, "averaged").name == "averaged.weights.h5"
+    with pytest.raises(FileNotFoundError, match="ckpt-10, ckpt-20"):
+        resolve_weights(tmp_path, "ckpt-30")
+    with pytest.raises(FileNotFoundError, match="split 'nope'"):
+        evaluate_run(tmp_path, shared_data / "multi30k", splits=["nope"], verbose=False)
+    with pytest.raises(FileNotFoundError, match="finished run"):
+        evaluate_run(tmp_path / "missing", shared_data / "multi30k", verbose=False)
