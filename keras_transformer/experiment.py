@@ -20,6 +20,8 @@ import keras
 from keras_transformer.config import TransformerConfig
 
 SPLITS = ("train", "valid", "test")
+# The shared SentencePiece model in a run's output folder.
+TOKENIZER_FILE = "spm.model"
 # Training batches whose mean token count gives the reported tokens/s.
 TOKEN_SAMPLE_BATCHES = 200
 
@@ -292,7 +294,7 @@ def run(settings):
 
     # Data and the shared vocabulary.
     paths = prepare_corpus(s.data, output_dir / "data", seed=s.seed)
-    tokenizer = load_or_train_tokenizer(paths, s.vocab_size, output_dir / "spm.model",
+    tokenizer = load_or_train_tokenizer(paths, s.vocab_size, output_dir / TOKENIZER_FILE,
                                         verbose=s.verbose)
     config = TransformerConfig.preset(s.preset, vocab_size=tokenizer.vocabulary_size(),
                                       max_length=s.max_length)
@@ -317,12 +319,9 @@ def run(settings):
                                     max_length=s.max_length, training=False,
                                     num_replicas=replicas)
     # Mean non-pad target tokens (labels) per batch, from the first
-    # TOKEN_SAMPLE_BATCHES shuffled batches (all of them on small corpora);
-    # with the timed steps it gives training tokens/s.
-    sample = kt_data.batch_statistics(kt_data.make_dataset(
-        train_pairs, tokenizer, tokens_per_batch=s.tokens_per_batch,
-        max_length=s.max_length, training=True, repeat=False,
-        num_replicas=replicas, seed=s.seed).take(TOKEN_SAMPLE_BATCHES))
+    # TOKEN_SAMPLE_BATCHES shuffled training batches; with the timed steps
+    # it gives training tokens/s.
+    sample = kt_data.batch_statistics(train_ds.take(TOKEN_SAMPLE_BATCHES))
     target_tokens_per_update = (sample.target_tokens / sample.num_batches
                                 * s.grad_accum_steps)
     say(f"Training batches: {target_tokens_per_update:.0f} target tokens per update "
@@ -349,14 +348,13 @@ def run(settings):
     else:
         say(f"Starting training at step 0: {s.train_steps} updates")
     timer = TrainingTimer()
-    start = time.time()
     history = model.fit(
         train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
         shuffle=False,  # make_dataset shuffles; fit cannot shuffle a tf.data.Dataset
         validation_data=valid_ds, callbacks=build_callbacks(s, output_dir) + [timer],
         verbose=s.verbose if s.verbose in (0, 1, 2) else 1,
     )
-    train_seconds = time.time() - start
+    train_seconds = timer.elapsed
     final_step = optimizer_updates(model.optimizer)
     # Micro-steps under gradient accumulation: tokens per micro-step.
     tokens_per_second = timer.tokens_per_second(
@@ -404,7 +402,7 @@ def run(settings):
         say(f"  EN:  {samples[i][0]}\n  REF: {samples[i][1]}\n  HYP: {result.hypotheses[i]}")
     say("\nWritten:")
     written = {
-        "tokenizer": output_dir / "spm.model",
+        "tokenizer": output_dir / TOKENIZER_FILE,
         "model": model_path,
         "averaged_weights": averaged if checkpoints else None,
         "checkpoints": output_dir / "checkpoints",
@@ -433,6 +431,55 @@ def run(settings):
 
 
 # --- scoring a finished run --------------------------------------------------
+
+
+def check_run(run_dir):
+    """The tokenizer, model.keras and config.json paths of a training output folder."""
+    run_dir = pathlib.Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(
+            f"training output folder not found: {run_dir} (expected the output_dir of "
+            f"a training run, with model.keras and {TOKENIZER_FILE})")
+    spm = run_dir / TOKENIZER_FILE
+    if not spm.is_file():
+        raise FileNotFoundError(f"{run_dir} has no {TOKENIZER_FILE} (the SentencePiece "
+                                "model a training run writes)")
+    keras_file, config_file = run_dir / "model.keras", run_dir / "config.json"
+    if not keras_file.is_file() and not config_file.is_file():
+        raise FileNotFoundError(
+            f"{run_dir} has neither model.keras nor config.json (+ model.weights.h5); "
+            "expected the output_dir of a training run")
+    return spm, keras_file, config_file
+
+
+def load_run(run_dir, weights=None):
+    """Model and tokenizer of a training output folder (`run`'s `output_dir`).
+
+    Args:
+        run_dir: holds `spm.model` and `model.keras` (or `config.json` +
+            `model.weights.h5`).
+        weights: a `.weights.h5` file to load instead of the saved weights
+            (e.g. `averaged.weights.h5` or a checkpoint).
+
+    Returns:
+        `(model, tokenizer)`.
+    """
+    from keras_transformer.data.tokenizer import Tokenizer
+    from keras_transformer.model import build_model
+
+    spm, keras_file, config_file = check_run(run_dir)
+    if keras_file.is_file():
+        model = keras.saving.load_model(keras_file, compile=False)
+    else:
+        model = build_model(TransformerConfig.from_dict(json.loads(config_file.read_text())))
+        if weights is None:
+            weights = pathlib.Path(run_dir) / "model.weights.h5"
+    if weights is not None:
+        weights = pathlib.Path(weights)
+        if not weights.is_file():
+            raise FileNotFoundError(f"weights file not found: {weights}")
+        model.load_weights(weights)
+    return model, Tokenizer.load(spm)
 
 
 def resolve_weights(run_dir, name):
@@ -470,7 +517,7 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("averaged",)
                  beam_sizes=(4,), alpha=0.6, max_sentences=None, verbose=True):
     """Scores a finished run's weights on test splits with sacreBLEU.
 
-    Loads `model.keras` and `spm.model` from `run_dir` (what `run` writes),
+    Loads the model and tokenizer of `run_dir` (`load_run`),
     then for every weights file, beam size and split translates
     `<corpus_dir>/<split>.en` and scores it against `<split>.de`.
 
@@ -489,13 +536,10 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("averaged",)
         A list of dicts with `weights`, `beam_size`, `split`, `bleu`, `chrf`,
         `num_sentences` and `seconds`.
     """
-    from keras_transformer import data as kt_data
     from keras_transformer.translate import Translator, evaluate_bleu
 
     run_dir, corpus_dir = pathlib.Path(run_dir), pathlib.Path(corpus_dir)
-    for required in (run_dir / "model.keras", run_dir / "spm.model"):
-        if not required.exists():
-            raise FileNotFoundError(f"{required} not found: is {run_dir} a finished run?")
+    check_run(run_dir)
     files = {}
     for split in splits:
         source, reference = corpus_dir / f"{split}.en", corpus_dir / f"{split}.de"
@@ -503,8 +547,8 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("averaged",)
             raise FileNotFoundError(f"split {split!r} needs {source} and {reference}")
         files[split] = (source, reference)
     weight_paths = {name: resolve_weights(run_dir, name) for name in weights}
-    model = keras.models.load_model(run_dir / "model.keras")
-    translator = Translator(model, kt_data.Tokenizer.load(run_dir / "spm.model"))
+    model, tokenizer = load_run(run_dir)
+    translator = Translator(model, tokenizer)
     rows = []
     for name, path in weight_paths.items():
         model.load_weights(path)

@@ -77,6 +77,8 @@ import threading
 
 import tensorflow as tf
 
+from keras_transformer.experiment import check_run, load_run
+
 DEFAULT_BASE = "saved_models"
 DEFAULT_MODEL_NAME = "transformer"
 BEAM_SIGNATURE = "serving_default"
@@ -582,48 +584,6 @@ def _export_in_subprocess(run_dir, export_dir, *, model_name, version, overwrite
     return pathlib.Path(export_dir) / model_name / str(version)
 
 
-def _check_run(run_dir):
-    """The tokenizer, model.keras and config.json paths of a training output folder."""
-    if not run_dir.is_dir():
-        raise FileNotFoundError(
-            f"training output folder not found: {run_dir} (expected the output_dir of "
-            "a training run, with model.keras and spm.model)")
-    spm = run_dir / TOKENIZER_ASSET
-    if not spm.is_file():
-        raise FileNotFoundError(f"{run_dir} has no {TOKENIZER_ASSET} (the SentencePiece "
-                                "model a training run writes)")
-    keras_file, config_file = run_dir / "model.keras", run_dir / "config.json"
-    if not keras_file.is_file() and not config_file.is_file():
-        raise FileNotFoundError(
-            f"{run_dir} has neither model.keras nor config.json (+ model.weights.h5); "
-            "expected the output_dir of a training run")
-    return spm, keras_file, config_file
-
-
-def _load_run(run_dir, weights=None):
-    """Model (TensorFlow backend) and tokenizer of a training output folder."""
-    import keras
-
-    from keras_transformer.config import TransformerConfig
-    from keras_transformer.data.tokenizer import Tokenizer
-    from keras_transformer.model import build_model
-
-    run_dir = pathlib.Path(run_dir)
-    spm, keras_file, config_file = _check_run(run_dir)
-    if keras_file.is_file():
-        model = keras.saving.load_model(keras_file, compile=False)
-    else:
-        model = build_model(TransformerConfig.from_dict(json.loads(config_file.read_text())))
-        if weights is None:
-            weights = run_dir / "model.weights.h5"
-    if weights is not None:
-        weights = pathlib.Path(weights)
-        if not weights.is_file():
-            raise FileNotFoundError(f"weights file not found: {weights}")
-        model.load_weights(weights)
-    return model, Tokenizer.load(spm)
-
-
 def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
                     version=None, weights=None, beam_size=4, alpha=0.6,
                     max_source_length=None, max_extra_length=50,
@@ -657,7 +617,7 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODE
 
     if keras.backend.backend() != "tensorflow":
         run_dir = pathlib.Path(run_dir)
-        _check_run(run_dir)
+        check_run(run_dir)
         if weights is not None and not pathlib.Path(weights).is_file():
             raise FileNotFoundError(f"weights file not found: {weights}")
         _, version, _ = _version_dir(export_dir, model_name, version, overwrite)
@@ -669,7 +629,7 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODE
 
     from keras_transformer.translate import Translator
 
-    model, tokenizer = _load_run(run_dir, weights)
+    model, tokenizer = load_run(run_dir, weights)
     translator = Translator(model, tokenizer, max_extra_length=max_extra_length)
     return export_saved_model(
         translator, export_dir, model_name=model_name, version=version,

@@ -163,5 +163,5 @@ def test_resolve_weights_names_and_errors(shared_data, tmp_path):
         resolve_weights(tmp_path, "ckpt-30")
     with pytest.raises(FileNotFoundError, match="split 'nope'"):
         evaluate_run(tmp_path, shared_data / "multi30k", splits=["nope"], verbose=False)
-    with pytest.raises(FileNotFoundError, match="finished run"):
+    with pytest.raises(FileNotFoundError, match="training output folder not found"):
         evaluate_run(tmp_path / "missing", shared_data / "multi30k", verbose=False)
