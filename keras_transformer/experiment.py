@@ -319,9 +319,14 @@ def run(settings):
                                     max_length=s.max_length, training=False,
                                     num_replicas=replicas)
     # Mean non-pad target tokens (labels) per batch, from the first
-    # TOKEN_SAMPLE_BATCHES shuffled training batches; with the timed steps
-    # it gives training tokens/s.
-    sample = kt_data.batch_statistics(train_ds.take(TOKEN_SAMPLE_BATCHES))
+    # TOKEN_SAMPLE_BATCHES shuffled batches (all of them on small corpora);
+    # with the timed steps it gives training tokens/s. A separate dataset:
+    # iterating train_ds here would advance its reshuffling and change the
+    # order fit sees.
+    sample = kt_data.batch_statistics(kt_data.make_dataset(
+        train_pairs, tokenizer, tokens_per_batch=s.tokens_per_batch,
+        max_length=s.max_length, training=True, repeat=False,
+        num_replicas=replicas, seed=s.seed).take(TOKEN_SAMPLE_BATCHES))
     target_tokens_per_update = (sample.target_tokens / sample.num_batches
                                 * s.grad_accum_steps)
     say(f"Training batches: {target_tokens_per_update:.0f} target tokens per update "
