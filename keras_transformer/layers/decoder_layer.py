@@ -56,12 +56,17 @@ class DecoderLayer(_SublayerMixin, layers.Layer):
                            attention_dropout, activation_dropout, norm_first,
                            layer_norm_epsilon)
 
-    def build(self, inputs_shape):
-        # The encoder output has the same width as the decoder (d_model).
+    def build(self, inputs_shape, encoder_output_shape=None):
+        # Keras passes the shape of each tensor argument of `call` as
+        # `<argument>_shape`: `inputs_shape`, and `encoder_output_shape` unless
+        # the layer is first called with only a `cross_attention_cache`. The
+        # cross-attention's keys and values are built for the encoder output's
+        # width, which defaults to the decoder's (d_model).
         d_model = inputs_shape[-1]
+        encoder_width = d_model if encoder_output_shape is None else encoder_output_shape[-1]
         self.self_attention = self._attention("self_attention", d_model)
         self.self_attention_norm = layer_norm(self, "self_attention_norm", d_model)
-        self.cross_attention = self._attention("cross_attention", d_model)
+        self.cross_attention = self._attention("cross_attention", d_model, encoder_width)
         self.cross_attention_norm = layer_norm(self, "cross_attention_norm", d_model)
         feed_forward_layers(self, d_model)
         self.ffn_norm = layer_norm(self, "ffn_norm", d_model)
@@ -131,7 +136,7 @@ class DecoderLayer(_SublayerMixin, layers.Layer):
             results += (self_attention_cache,)
         return results[0] if len(results) == 1 else results
 
-    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+    def compute_output_shape(self, inputs_shape, encoder_output_shape=None):
         return inputs_shape
 
     def get_config(self):

@@ -78,7 +78,13 @@ class _SublayerMixin:
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
 
-    def _attention(self, name, d_model):
+    def _attention(self, name, d_model, value_width=None):
+        """Attention from `d_model`-wide queries over `value_width`-wide keys/values.
+
+        `value_width` defaults to `d_model` (self-attention); the output has
+        the query width, `d_model`.
+        """
+        value_width = d_model if value_width is None else value_width
         attention = MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self.key_dim,
@@ -87,7 +93,7 @@ class _SublayerMixin:
             dtype=self.dtype_policy,
             name=name,
         )
-        attention.build((None, None, d_model), (None, None, d_model))
+        attention.build((None, None, d_model), (None, None, value_width))
         return attention
 
 

@@ -31,7 +31,7 @@ class _StackMixin:
         self.max_length = max_length
         self.position_embedding = position_embedding
 
-    def _build_common(self, d_model, layer_cls, prefix):
+    def _build_common(self, d_model, layer_cls, prefix, encoder_output_shape=None):
         self.d_model = d_model
         self.positional_encoding = PositionalEncoding(
             max_length=self.max_length,
@@ -46,7 +46,10 @@ class _StackMixin:
         for i in range(self.num_layers):
             layer = layer_cls(**self.layer_kwargs, dtype=self.dtype_policy,
                               name=f"{prefix}_layer_{i}")
-            layer.build((None, None, d_model))
+            if encoder_output_shape is None:
+                layer.build((None, None, d_model))
+            else:
+                layer.build((None, None, d_model), (None, None, encoder_output_shape[-1]))
             self.stack.append(layer)
         # Pre-norm needs a final normalisation; post-norm outputs are normalised.
         self.final_norm = None
@@ -63,9 +66,6 @@ class _StackMixin:
 
     def _finish(self, x):
         return self.final_norm(x) if self.final_norm is not None else x
-
-    def compute_output_shape(self, embeddings_shape, *args, **kwargs):
-        return embeddings_shape
 
     def get_config(self):
         config = super().get_config()
@@ -116,6 +116,9 @@ class TransformerEncoder(_StackMixin, layers.Layer):
     def build(self, embeddings_shape):
         self._build_common(embeddings_shape[-1], EncoderLayer, "encoder")
 
+    def compute_output_shape(self, embeddings_shape):
+        return embeddings_shape
+
     def call(self, embeddings, padding_mask=None, return_attention_scores=False,
              training=None):
         x = self._embed(embeddings, 0, training)
@@ -165,8 +168,15 @@ class TransformerDecoder(_StackMixin, layers.Layer):
                     attention_dropout, activation_dropout, norm_first,
                     layer_norm_epsilon, max_length, position_embedding)
 
-    def build(self, embeddings_shape):
-        self._build_common(embeddings_shape[-1], DecoderLayer, "decoder")
+    def build(self, embeddings_shape, encoder_output_shape=None):
+        # One `<argument>_shape` per tensor argument of `call` (Keras'
+        # convention); `encoder_output_shape` is absent when the decoder is
+        # first called with only a `cross_attention_cache`.
+        self._build_common(embeddings_shape[-1], DecoderLayer, "decoder",
+                           encoder_output_shape)
+
+    def compute_output_shape(self, embeddings_shape, encoder_output_shape=None):
+        return embeddings_shape
 
     def compute_cross_attention_cache(self, encoder_output):
         """One `(keys, values)` tuple per layer, from the encoder output."""
