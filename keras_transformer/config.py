@@ -90,6 +90,14 @@ class TransformerConfig:
                     f"TransformerConfig.{name} must be a positive integer, "
                     f"received {name}={value!r}"
                 )
+        # Which of key_dim/value_dim were derived (passed as None) rather than
+        # given: `replace` re-derives only these. A plain private attribute, not
+        # a dataclass field, so that it stays out of __init__, equality, hashing,
+        # repr, `to_dict`, `dataclasses.asdict` and `dataclasses.fields` (which
+        # other code turns into settings and command-line flags).
+        object.__setattr__(self, "_derived", frozenset(
+            name for name in ("key_dim", "value_dim") if getattr(self, name) is None
+        ))
         if self.key_dim is None:
             if self.d_model % self.num_heads:
                 raise ValueError(
@@ -156,7 +164,7 @@ class TransformerConfig:
             raise ValueError(
                 f"Unknown preset {name!r}; available presets: {sorted(PRESETS)}"
             )
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = cls._init_field_names()
         unknown = sorted(set(overrides) - fields)
         if unknown:
             raise ValueError(
@@ -172,24 +180,39 @@ class TransformerConfig:
         return sorted(PRESETS)
 
     def replace(self, **changes) -> "TransformerConfig":
-        """Returns a copy with `changes` applied (derived dims recomputed)."""
+        """Returns a copy with `changes` applied.
+
+        A key_dim/value_dim that was derived (left `None` at construction) is
+        derived again from the new d_model/num_heads/key_dim; one that was
+        given explicitly keeps its value unless `changes` names it.
+        """
+        fields = self._init_field_names()
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise ValueError(
+                f"Unknown TransformerConfig field(s) {unknown}; "
+                f"valid fields: {sorted(fields)}"
+            )
         values = self.to_dict()
-        # key_dim/value_dim were derived from d_model/num_heads unless given:
-        # re-derive them when their inputs change and they were not overridden.
-        if ("d_model" in changes or "num_heads" in changes) and "key_dim" not in changes:
-            if values["key_dim"] == values["d_model"] // values["num_heads"]:
-                values["key_dim"] = None
-                if "value_dim" not in changes and self.value_dim == self.key_dim:
-                    values["value_dim"] = None
+        for name in self._derived:
+            if name not in changes:
+                values[name] = None
         values.update(changes)
         return type(self)(**values)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The init fields with their resolved values (key_dim/value_dim ints)."""
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init
+        }
+
+    @classmethod
+    def _init_field_names(cls) -> set:
+        return {f.name for f in dataclasses.fields(cls) if f.init}
 
     @classmethod
     def from_dict(cls, values: dict) -> "TransformerConfig":
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = cls._init_field_names()
         unknown = sorted(set(values) - fields)
         if unknown:
             raise ValueError(f"Unknown TransformerConfig field(s) {unknown}")
