@@ -75,28 +75,38 @@ def test_target_padding_leaves_real_positions_unchanged(tiny_config):
     np.testing.assert_allclose(logits_of(model, source, padded)[:, :6], reference, atol=1e-5)
 
 
-def test_base_parameter_count_matches_derivation():
-    """Derivation for N=6, d_model=512, h=8, d_k=d_v=64, d_ff=2048, V=37000.
-
-    Shared embedding (source = target = pre-softmax, no output bias):
-        V * d_model                         = 37000 * 512          = 18,944,000
-    Multi-head attention, 4 projections with biases (h*d_k = h*d_v = 512):
-        4 * (512 * 512 + 512)                                      =  1,050,624
-    Feed-forward: 512*2048 + 2048 + 2048*512 + 512                 =  2,099,712
-    LayerNorm: gamma and beta, 2 * 512                             =      1,024
-    Encoder layer: 1 attention + FFN + 2 LayerNorm                 =  3,152,384
-    Decoder layer: 2 attention + FFN + 3 LayerNorm                 =  4,204,032
-    Total: 18,944,000 + 6 * (3,152,384 + 4,204,032)                = 63,082,496
-    The paper quotes 65M; the gap is its vocabulary/bookkeeping, not structure.
-    """
-    attention = 4 * (512 * 512 + 512)
-    ffn = 512 * 2048 + 2048 + 2048 * 512 + 512
-    norm = 2 * 512
-    expected = 37000 * 512 + 6 * ((attention + ffn + 2 * norm) + (2 * attention + ffn + 3 * norm))
-    assert expected == 63_082_496
-    model = build_model(preset="base", vocab_size=37000)
+# Parameter counts of the two Table 3 presets with V = 37,000, derived by hand.
+# Each layer: multi-head attention has 4 projections with biases (h*d_k = h*d_v
+# = d_model); the FFN is d_model*d_ff + d_ff + d_ff*d_model + d_model; each
+# LayerNorm has gamma and beta (2*d_model). An encoder layer has 1 attention,
+# the FFN and 2 LayerNorms; a decoder layer 2 attentions, the FFN and 3
+# LayerNorms. One shared embedding matrix (source = target = pre-softmax, no
+# output bias) of V*d_model.
+#
+# base: N=6, d_model=512, h=8, d_k=d_v=64, d_ff=2048
+#   embedding       37000 * 512                                 = 18,944,000
+#   attention       4 * (512*512 + 512)                          =  1,050,624
+#   FFN             512*2048 + 2048 + 2048*512 + 512             =  2,099,712
+#   encoder layer   1,050,624 + 2,099,712 + 2 * 1,024            =  3,152,384
+#   decoder layer   2 * 1,050,624 + 2,099,712 + 3 * 1,024        =  4,204,032
+#   total           18,944,000 + 6 * (3,152,384 + 4,204,032)     = 63,082,496
+# The paper quotes 65M; the gap is its vocabulary/bookkeeping, not structure.
+#
+# big: N=6, d_model=1024, h=16, d_k=d_v=64, d_ff=4096
+#   embedding       37000 * 1024                                 =  37,888,000
+#   attention       4 * (1024*1024 + 1024)                       =   4,198,400
+#   FFN             1024*4096 + 4096 + 4096*1024 + 1024          =   8,393,728
+#   encoder layer   4,198,400 + 8,393,728 + 2 * 2,048            =  12,596,224
+#   decoder layer   2 * 4,198,400 + 8,393,728 + 3 * 2,048        =  16,796,672
+#   total           37,888,000 + 6 * (12,596,224 + 16,796,672)   = 214,245,376
+# The paper quotes 213M.
+@pytest.mark.parametrize("preset, expected", [("base", 63_082_496), ("big", 214_245_376)])
+def test_preset_parameter_count_matches_derivation(preset, expected):
+    model = build_model(preset=preset, vocab_size=37000)
     assert model.count_params() == expected
-    assert TransformerConfig.preset("base", vocab_size=37000).num_parameters() == expected
+    assert TransformerConfig.preset(preset, vocab_size=37000).num_parameters() == expected
+    del model
+    keras.backend.clear_session()
 
 
 @pytest.mark.parametrize(

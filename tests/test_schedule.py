@@ -1,5 +1,3 @@
-import math
-
 import keras
 import numpy as np
 import pytest
@@ -53,7 +51,28 @@ def test_schedule_follows_optimizer_updates():
         equation_3(6, 64, 10), rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "d_model, warmup_steps, step_num, expected",
+    [
+        # lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5),
+        # evaluated by hand (30-digit decimal arithmetic), written as literals.
+        (512, 4000, 1, 1.74692810742171070e-7),        # warm-up: 1/(sqrt(512) 4000^1.5)
+        (512, 4000, 100, 1.74692810742171070e-5),      # warm-up: linear in step_num
+        (512, 4000, 4000, 6.98771242968684280e-4),     # peak: 1/(sqrt(512) sqrt(4000))
+        (512, 4000, 4001, 6.98683912937352979e-4),     # decay: 1/(sqrt(512) sqrt(4001))
+        (512, 4000, 100000, 1.39754248593736856e-4),   # decay: 1/(sqrt(512) sqrt(1e5))
+        (1024, 4000, 1, 1.23526471100327318e-7),       # the big model's d_model
+        (1024, 4000, 100000, 9.88211768802618541e-5),
+        (64, 10, 6, 2.37170824512628450e-2),           # warm-up: 6 / (8 * 10^1.5)
+    ],
+)
+def test_values_equal_hand_computed_literals(d_model, warmup_steps, step_num, expected):
+    schedule = TransformerSchedule(d_model, warmup_steps=warmup_steps)
+    # Update number step_num is computed at optimizer.iterations == step_num - 1.
+    value = float(keras.ops.convert_to_numpy(schedule(step_num - 1)))
+    np.testing.assert_allclose(value, expected, rtol=1e-6)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="warmup_steps"):
         TransformerSchedule(512, warmup_steps=0)
-    assert math.isfinite(equation_3(1))

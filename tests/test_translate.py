@@ -196,6 +196,16 @@ def test_translator_with_the_sentencepiece_tokenizer(shared_data, tmp_path, caps
     translator = Translator(model, tokenizer, batch_size=4, max_extra_length=4)
     result = evaluate_bleu(translator, folder / "test.en", folder / "test.de", beam_size=2,
                            max_sentences=4)
-    assert len(result.hypotheses) == 4 and all(isinstance(h, str) for h in result.hypotheses)
-    assert 0.0 <= result.bleu <= 100.0 and 0.0 <= result.chrf <= 100.0
     assert "BLEU = " in capsys.readouterr().out
+    # The hypotheses are the translator's own output on the first 4 sources,
+    # and the scores are sacreBLEU's on them against the first 4 reference lines.
+    sources = (folder / "test.en").read_text(encoding="utf-8").splitlines()[:4]
+    references = (folder / "test.de").read_text(encoding="utf-8").splitlines()[:4]
+    assert result.hypotheses == translator.translate(sources, beam_size=2)
+    assert result.num_sentences == 4
+    import sacrebleu
+
+    assert result.bleu == pytest.approx(
+        sacrebleu.corpus_bleu(result.hypotheses, [references]).score)
+    assert result.chrf == pytest.approx(
+        sacrebleu.corpus_chrf(result.hypotheses, [references]).score)
