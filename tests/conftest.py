@@ -29,6 +29,61 @@ def shared_data():
     return SHARED_DATA
 
 
+# Tests whose outcome cannot depend on KERAS_BACKEND: they exercise TensorFlow,
+# tf.data, tf-text or plain Python only, or run every model in a subprocess
+# that sets KERAS_BACKEND itself. They get the `backend_independent` marker,
+# and with KT_SKIP_BACKEND_INDEPENDENT=1 they are deselected, so that
+# run_all_backends.sh runs them under the first backend only. Entries are
+# module file names; BACKEND_DEPENDENT_EXCEPTIONS names the tests of those
+# modules that do use the current backend (they always run).
+BACKEND_INDEPENDENT_MODULES = {
+    # Pure-Python demo corpus generator (its CLI subprocess writes text only).
+    "test_data_demo.py",
+    # Text readers, gzip/encoding handling and TFDS loading: Python and tf.data.
+    "test_data_readers.py",
+    # SentencePiece training and tf-text graph ops; keras.utils.set_random_seed
+    # calls tf.random.set_seed under every backend, and the test calls it too.
+    "test_data_tokenizer.py",
+    # tf.data bucketing/batching, plus a MirroredStrategy subprocess pinned to
+    # KERAS_BACKEND=tensorflow (one test fits a model: see the exceptions).
+    "test_data_pipeline.py",
+    # Every test runs its models in subprocesses with KERAS_BACKEND set
+    # explicitly (tensorflow for tf.distribute, jax for data parallelism).
+    "test_distributed.py",
+}
+BACKEND_DEPENDENT_EXCEPTIONS = {
+    "test_data_pipeline.py::test_feeds_model_fit_on_the_current_backend",
+}
+SKIP_BACKEND_INDEPENDENT = os.environ.get("KT_SKIP_BACKEND_INDEPENDENT", "") not in ("", "0")
+
+
+def _is_backend_independent(item):
+    module = item.path.name
+    name = getattr(item, "originalname", None) or item.name
+    return (module in BACKEND_INDEPENDENT_MODULES
+            and f"{module}::{name}" not in BACKEND_DEPENDENT_EXCEPTIONS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selection, so the marker is usable there
+def pytest_collection_modifyitems(config, items):
+    independent = []
+    for item in items:
+        if _is_backend_independent(item):
+            item.add_marker(pytest.mark.backend_independent)
+            independent.append(item)
+    if SKIP_BACKEND_INDEPENDENT and independent:
+        chosen = set(map(id, independent))
+        config.hook.pytest_deselected(items=independent)
+        items[:] = [item for item in items if id(item) not in chosen]
+
+
+def pytest_report_header(config):
+    if SKIP_BACKEND_INDEPENDENT:
+        return ("KT_SKIP_BACKEND_INDEPENDENT=1: deselecting backend-independent modules "
+                + ", ".join(sorted(BACKEND_INDEPENDENT_MODULES)))
+    return None
+
+
 def pytest_configure(config):
     import keras
 
