@@ -23,7 +23,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.decoding import beam_search, greedy_decode
+from keras_transformer.decoding import beam_search, greedy_decode, length_penalty
 
 
 def _to_id_lists(ids):
@@ -235,6 +235,84 @@ class Translator:
         if bar is not None and not order:
             bar.update(len(sentences))
         return (translations, attentions) if return_attention else translations
+
+    def translate_with_scores(self, sentences, *, beam_size=4, alpha=0.6, progress=False):
+        """Translates a list of sentences and scores each translation.
+
+        The translations are those of `translate` with the same arguments.
+        A score is the length-normalised log-probability of the output,
+        `log P(Y) / lp(|Y|)` with `lp` = `keras_transformer.decoding.
+        length_penalty` at this `alpha` and `|Y|` counting EOS (when
+        generated): the value beam search ranks its hypotheses by, and, for
+        greedy decoding (`beam_size=1`), the same formula applied to the greedy
+        output. This is the `score` output of an exported SavedModel
+        (`keras_transformer.export`) with the same beam size and alpha. An
+        empty (or all-whitespace) sentence scores 0.
+
+        Args:
+            sentences: a list of strings.
+            beam_size: beam width; 1 is greedy decoding.
+            alpha: length-penalty strength, `>= 0` (for greedy decoding it
+                only normalises the score).
+            progress: show a `keras.utils.Progbar` over the sentences.
+
+        Returns:
+            `(translations, scores)`: lists of str and float, in input order.
+
+        Example:
+
+        >>> translations, scores = translator.translate_with_scores(["Hello."])
+        >>> scores[0] < 0
+        True
+        """
+        if isinstance(sentences, (str, bytes)):
+            raise TypeError("translate_with_scores expects a list of strings; wrap one "
+                            "sentence in a list: translate_with_scores([sentence])")
+        if not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, received alpha={alpha!r}")
+        sentences = [s.decode("utf-8") if isinstance(s, bytes) else str(s)
+                     for s in sentences]
+        translations = [""] * len(sentences)
+        scores = [0.0] * len(sentences)
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        source_ids = dict(zip(todo, self.encode([sentences[i] for i in todo])))
+        order = sorted(todo, key=lambda i: len(source_ids[i]), reverse=True)
+        bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
+        skipped = len(sentences) - len(todo)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            source = self._batch_array([source_ids[i] for i in batch])
+            tokens, batch_scores = self._decode_with_scores(source, beam_size, alpha)
+            outputs = [self._strip(tokens[row]) for row in range(len(batch))]
+            texts = _to_strings(self.tokenizer.detokenize(outputs))
+            for row, (i, text) in enumerate(zip(batch, texts)):
+                translations[i] = text
+                scores[i] = float(batch_scores[row])
+            if bar is not None:
+                bar.update(min(start + len(batch), len(todo)) + skipped)
+        if bar is not None and not order:
+            bar.update(len(sentences))
+        return translations, scores
+
+    def _decode_with_scores(self, source, beam_size, alpha):
+        """NumPy `(tokens, scores)`: scores `log P(Y) / lp(|Y|, alpha)`, EOS counted."""
+        if beam_size > 1:
+            tokens, scores = beam_search(self.model, source, beam_size=beam_size, alpha=alpha,
+                                         max_extra_length=self.max_extra_length,
+                                         jit_compile=self.jit_compile)
+            return (ops.convert_to_numpy(tokens),
+                    ops.convert_to_numpy(scores).astype("float32"))
+        tokens, step_log_probs = greedy_decode(
+            self.model, source, max_extra_length=self.max_extra_length,
+            return_step_log_probs=True, jit_compile=self.jit_compile)
+        tokens = ops.convert_to_numpy(tokens)
+        step_log_probs = ops.convert_to_numpy(step_log_probs).astype("float32")
+        # As the export's translate_greedy: generated ids (EOS included) are the non-pad ones.
+        lengths = np.maximum((tokens != self.model.config.pad_id).sum(axis=1), 1)
+        penalties = np.array([length_penalty(int(n), float(alpha)) for n in lengths], "float32")
+        return tokens, step_log_probs.sum(axis=1) / penalties
 
     def attention_weights(self, source_ids, target_ids):
         """Attention weights of a teacher-forced pass over given outputs.
