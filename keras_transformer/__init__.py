@@ -1,43 +1,45 @@
-"""keras_transformer: the Transformer of "Attention Is All You Need" in Keras 3."""
+"""keras_transformer: the Transformer of "Attention Is All You Need" in Keras 3.
 
-from keras_transformer.config import TransformerConfig
-from keras_transformer.decoding import beam_search, greedy_decode, length_penalty
-from keras_transformer.layers import (
-    DecoderLayer,
-    EncoderLayer,
-    MultiHeadAttention,
-    PaddingMask,
-    PositionalEncoding,
-    SharedEmbedding,
-    TransformerDecoder,
-    TransformerEncoder,
-)
-from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
-from keras_transformer.model import Transformer, build_model
-from keras_transformer.plotting import plot_attention
-from keras_transformer.schedules import TransformerSchedule
-from keras_transformer.training import (
-    LearningRateLogger,
-    StepCheckpoint,
-    StopAtUpdate,
-    TrainingTimer,
-    average_checkpoints,
-    compile_model,
-    list_checkpoints,
-    optimizer_updates,
-    paper_optimizer,
-    peak_memory_mib,
-    plot_training,
-)
-from keras_transformer.translate import BleuResult, Translator, evaluate_bleu
+Public names are imported on first use (PEP 562), so that the
+`keras-transformer` command can set up TensorFlow's logging before Keras
+and TensorFlow load, and `keras_transformer.config` or `.settings` can be
+read without importing them at all.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "keras_transformer.config": ["TransformerConfig"],
+    "keras_transformer.decoding": ["beam_search", "greedy_decode", "length_penalty"],
+    "keras_transformer.layers": ["DecoderLayer", "EncoderLayer", "MultiHeadAttention",
+                                 "PaddingMask", "PositionalEncoding", "SharedEmbedding",
+                                 "TransformerDecoder", "TransformerEncoder"],
+    "keras_transformer.losses": ["LabelSmoothedCrossEntropy", "MaskedAccuracy"],
+    "keras_transformer.model": ["Transformer", "build_model"],
+    "keras_transformer.plotting": ["plot_attention"],
+    "keras_transformer.schedules": ["TransformerSchedule"],
+    "keras_transformer.training": ["LearningRateLogger", "StepCheckpoint", "StopAtUpdate",
+                                   "TrainingTimer", "average_checkpoints", "compile_model",
+                                   "list_checkpoints", "optimizer_updates", "paper_optimizer",
+                                   "peak_memory_mib", "plot_training"],
+    "keras_transformer.translate": ["BleuResult", "Translator", "evaluate_bleu"],
+    # TensorFlow-only.
+    "keras_transformer.export": ["export_saved_model"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
 
 def __getattr__(name):
-    # The SavedModel export is TensorFlow-only: import it on first use.
-    if name == "export_saved_model":
-        from keras_transformer.export import export_saved_model
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return export_saved_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
