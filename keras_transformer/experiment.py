@@ -1,96 +1,64 @@
-"""The end-to-end job that `examples/wmt_ende.py` runs, as importable functions.
+"""The training job as named stages, each a function a user can call.
 
-data -> shared tokenizer -> tf.data pipelines -> model under the distribution
-strategy -> compile the paper's way -> `model.fit` (resumable) -> average the
-last checkpoints -> beam search the test set -> sacreBLEU -> plots and
-samples. TensorFlow is used for tf.data and tf.distribute; the model itself
-trains on any Keras backend.
+    settings = load_settings(given={"data": "demo", "preset": "tiny"})
+    results = train(settings)
+
+`train` runs: `prepare_data` -> `prepare_tokenizer` -> `make_datasets` ->
+`build_model_for_run` -> `restore` (backup, or `--init-from` weights) ->
+`fit` -> `finalize_weights` (average / best / last) -> `evaluate_test` ->
+`export_run`. The run folder (`keras_transformer.runs`) makes it
+resumable: re-running the same command continues from the newest backup, a
+larger `train_steps` continues a finished run, and a finished run re-run
+unchanged trains nothing. TensorFlow is used for tf.data and tf.distribute;
+the model trains on any Keras backend.
 """
 
 import contextlib
 import dataclasses
-import json
-import math
+import logging
 import os
 import pathlib
+import shutil
 import time
 
 import keras
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer import runs
+from keras_transformer.settings import Settings, SettingsError, resolve
+
+logger = logging.getLogger("keras_transformer")
 
 SPLITS = ("train", "valid", "test")
-# The shared SentencePiece model in a run's output folder.
-TOKENIZER_FILE = "spm.model"
-# Training batches whose mean token count gives the reported tokens/s.
+# Training batches whose mean token count gives the tokens per update.
 TOKEN_SAMPLE_BATCHES = 200
 
-# Settings used when a flag is not given. The paper's presets reproduce the
-# paper (WMT14, 100k steps of 25,000 tokens for base, 300k for big); the CPU
-# presets are sized for the offline demo and for Multi30k on 2 cores.
-PRESET_DEFAULTS = {
-    "base": dict(train_steps=100_000, tokens_per_batch=25_000, vocab_size=37_000,
-                 max_length=256, checkpoint_every=1000, average_last=5),
-    "big": dict(train_steps=300_000, tokens_per_batch=25_000, vocab_size=37_000,
-                max_length=256, checkpoint_every=1000, average_last=20),
-    # small: about 55 minutes of training on 2 CPU cores (Multi30k).
-    "small": dict(train_steps=2_400, tokens_per_batch=4096, vocab_size=8000,
-                  max_length=128, checkpoint_every=200, average_last=5),
-    "tiny": dict(train_steps=500, tokens_per_batch=3072, vocab_size=4000,
-                 max_length=96, checkpoint_every=100, average_last=3),
-}
+
+# --- settings ----------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class JobSettings:
-    """Everything `run` needs; `examples/wmt_ende.py` fills it from flags."""
+def load_settings(given=None, given_model=None, config_file=None):
+    """The settings of a `train` invocation, continuing the run folder's saved ones.
 
-    data: str = "wmt14"
-    preset: str = "base"
-    output_dir: str = "runs/wmt_ende"
-    train_steps: int = None
-    tokens_per_batch: int = None
-    vocab_size: int = None
-    max_length: int = None
-    checkpoint_every: int = None
-    average_last: int = None
-    grad_accum_steps: int = 1
-    mixed_precision: str = "none"
-    distribute: str = "auto"
-    seed: int = 0
-    beam_size: int = 4
-    alpha: float = 0.6
-    eval_sentences: int = None
-    jit_compile: str = "auto"
-    export_dir: str = "saved_models"
-    model_name: str = "transformer"
-    verbose: int = 1
+    The run folder is `output_dir` as given (flag or config file), else
+    `runs/<data>_<preset>`; when it holds `settings.json`, those values
+    are the defaults that the config file and the flags override.
+    """
+    from keras_transformer.settings import default_output_dir, read_config_file
 
-    def __post_init__(self):
-        if self.preset not in PRESET_DEFAULTS:
-            raise ValueError(
-                f"Unknown preset {self.preset!r}; choose from {sorted(PRESET_DEFAULTS)}"
-            )
-        for name, value in PRESET_DEFAULTS[self.preset].items():
-            if getattr(self, name) is None:
-                setattr(self, name, value)
-        if self.mixed_precision not in ("none", "mixed_float16", "mixed_bfloat16"):
-            raise ValueError(
-                "mixed_precision must be none, mixed_float16 or mixed_bfloat16, "
-                f"received {self.mixed_precision!r}"
-            )
-        if self.distribute not in ("auto", "none", "mirrored", "multiworker"):
-            raise ValueError(
-                "distribute must be auto, none, mirrored or multiworker, "
-                f"received {self.distribute!r}"
-            )
-        for name in ("train_steps", "tokens_per_batch", "vocab_size", "checkpoint_every",
-                     "average_last", "grad_accum_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, received {getattr(self, name)}")
+    given = dict(given or {})
+    file_job = read_config_file(config_file)[0] if config_file else {}
+    merged = {**file_job, **given}
+    output_dir = merged.get("output_dir")
+    if output_dir is None:
+        defaults = Settings.__dataclass_fields__
+        output_dir = default_output_dir(merged.get("data", defaults["data"].default),
+                                        merged.get("preset", defaults["preset"].default))
+        given["output_dir"] = output_dir
+    saved = runs.RunFolder(output_dir).read_json(runs.SETTINGS_FILE)
+    return resolve(given, given_model, config_file, saved=saved)
 
 
-# --- data --------------------------------------------------------------------
+# --- data --------------------------------------------------------------------------
 
 
 def split_paths(directory):
@@ -141,27 +109,128 @@ def prepare_corpus(data, work_dir, *, seed=0):
     return split_paths(data)
 
 
-def load_or_train_tokenizer(paths, vocab_size, model_file, *, verbose=True):
-    """Reuses `model_file` when it exists, else trains it on train.en + train.de."""
+def prepare_data(settings, run):
+    """Stage 1: the corpus files of `settings.data`."""
+    return prepare_corpus(settings.data, run / "data", seed=settings.seed)
+
+
+def prepare_tokenizer(settings, run, paths):
+    """Stage 2: the shared vocabulary: the run's, `--init-from`'s, or a new one.
+
+    A fine-tuned run uses the vocabulary of the weights it starts from: it is
+    copied when the run has none yet, and a run whose own vocabulary differs
+    is refused before anything is trained.
+    """
     from keras_transformer import data as kt_data
 
-    model_file = pathlib.Path(model_file)
-    if model_file.exists():
-        tokenizer = kt_data.Tokenizer.load(model_file)
-        if verbose:
-            print(f"Reusing tokenizer {model_file} "
-                  f"(vocabulary {tokenizer.vocabulary_size()})")
+    source_run = None
+    if settings.init_from:
+        source_run = runs.find_run_dir(settings.init_from)
+        if source_run is None and not pathlib.Path(settings.init_from).exists():
+            raise runs.RunError(f"--init-from {settings.init_from} does not exist (a run "
+                                "folder or a .weights.h5 file)")
+    if source_run is not None:
+        source_spm = source_run / runs.TOKENIZER_FILE
+        if run.tokenizer_file.is_file():
+            if runs.file_sha256(source_spm) != run.tokenizer_hash():
+                raise runs.RunError(
+                    f"--init-from {settings.init_from}: its vocabulary {source_spm} differs "
+                    f"from this run's {run.tokenizer_file}; fine-tune in a new --output-dir "
+                    "(it takes the vocabulary of the weights it starts from)")
+        else:
+            run.root.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source_spm, run.tokenizer_file)
+            logger.info(f"Tokenizer copied from {source_spm} (--init-from)")
+    if run.tokenizer_file.is_file():
+        tokenizer = kt_data.Tokenizer.load(run.tokenizer_file)
+        logger.info(f"Tokenizer {run.tokenizer_file} (vocabulary "
+                    f"{tokenizer.vocabulary_size()})")
         return tokenizer
-    model_file.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    tokenizer = kt_data.train_tokenizer(list(paths["train"]), vocab_size, model_file)
-    if verbose:
-        print(f"Trained shared tokenizer {model_file} (vocabulary "
-              f"{tokenizer.vocabulary_size()}) in {time.time() - start:.1f} s")
+    run.root.mkdir(parents=True, exist_ok=True)
+    tokenizer = kt_data.train_tokenizer(list(paths["train"]), settings.vocab_size,
+                                        run.tokenizer_file)
+    logger.info(f"Trained the shared tokenizer {run.tokenizer_file} (vocabulary "
+                f"{tokenizer.vocabulary_size()}) in {time.time() - start:.1f} s")
     return tokenizer
 
 
-# --- distribution ------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """How `tokens_per_batch` tokens per update are split.
+
+    `tokens_per_update` = `micro_batch_tokens` x `grad_accum_steps`, and a
+    micro-batch is split evenly over `replicas` (`replica_tokens` each).
+    """
+
+    tokens_per_update: int
+    grad_accum_steps: int
+    replicas: int
+    micro_batch_tokens: int
+    replica_tokens: int
+
+    def __str__(self):
+        return (f"{self.tokens_per_update} tokens per update = {self.grad_accum_steps} "
+                f"micro-batch(es) of {self.micro_batch_tokens} tokens over "
+                f"{self.replicas} replica(s) ({self.replica_tokens} each)")
+
+
+def plan_batches(tokens_per_batch, *, grad_accum_steps=1, replicas=1, max_length=None):
+    """The `BatchPlan` for a token budget per update; raises if a replica's share is too small."""
+    micro = tokens_per_batch // grad_accum_steps
+    replica = micro // replicas
+    if max_length is not None and replica < max_length:
+        raise SettingsError(
+            f"--tokens-per-batch {tokens_per_batch} split over {grad_accum_steps} "
+            f"micro-batch(es) and {replicas} replica(s) leaves {replica} tokens per "
+            f"replica, fewer than one sequence of --max-length {max_length}; raise "
+            "--tokens-per-batch or lower --grad-accum-steps")
+    return BatchPlan(tokens_per_update=micro * grad_accum_steps,
+                     grad_accum_steps=grad_accum_steps, replicas=replicas,
+                     micro_batch_tokens=replica * replicas, replica_tokens=replica)
+
+
+def make_datasets(settings, tokenizer, paths, plan, *, start_update=0):
+    """Stage 3: training and validation `tf.data` pipelines and their statistics.
+
+    The training order is seeded with `seed + start_update`, so a resumed run
+    does not replay the batches its first part began with.
+
+    Returns:
+        `(train_ds, valid_ds, target_tokens_per_update, valid_pairs)`.
+    """
+    import tensorflow as tf
+
+    from keras_transformer import data as kt_data
+
+    train_pairs = kt_data.load_parallel_text(*paths["train"])
+    valid_pairs = kt_data.load_parallel_text(*paths["valid"])
+    counts = kt_data.count_length_policy(train_pairs, tokenizer, settings.max_length)
+    logger.info(f"Training pairs: {len(train_pairs)} ({train_pairs.num_dropped} empty lines "
+                f"dropped); {counts}")
+    common = dict(tokens_per_batch=plan.micro_batch_tokens, max_length=settings.max_length,
+                  num_replicas=plan.replicas)
+    seed = settings.seed + start_update
+    train_ds = kt_data.make_dataset(train_pairs, tokenizer, training=True, repeat=True,
+                                    seed=seed, **common)
+    valid_ds = kt_data.make_dataset(valid_pairs, tokenizer, training=False, **common)
+    # Mean non-pad target tokens per micro-batch, from a separate dataset:
+    # iterating train_ds would advance its reshuffling.
+    sample = kt_data.batch_statistics(kt_data.make_dataset(
+        train_pairs, tokenizer, training=True, repeat=False, seed=seed,
+        **common).take(TOKEN_SAMPLE_BATCHES))
+    target_tokens_per_update = sample.target_tokens / sample.num_batches \
+        * plan.grad_accum_steps
+    logger.info(f"Batches: {plan}; {target_tokens_per_update:.0f} non-pad target tokens "
+                f"per update on average")
+    # A known number of validation batches: without it Keras warns that the
+    # input "ran out of data".
+    valid_ds = valid_ds.apply(tf.data.experimental.assert_cardinality(
+        sum(1 for _ in valid_ds)))
+    return train_ds, valid_ds, target_tokens_per_update, valid_pairs
+
+
+# --- distribution ------------------------------------------------------------------
 
 
 def get_strategy(kind="auto"):
@@ -191,7 +260,7 @@ def get_strategy(kind="auto"):
             return tf.distribute.MirroredStrategy()
         if kind == "multiworker":
             if "TF_CONFIG" not in os.environ:
-                raise ValueError(
+                raise SettingsError(
                     "--distribute multiworker needs the TF_CONFIG environment variable "
                     "(cluster and task of this worker)"
                 )
@@ -200,7 +269,7 @@ def get_strategy(kind="auto"):
         import jax
 
         if kind == "multiworker":
-            raise ValueError(
+            raise SettingsError(
                 "multi-worker training is supported on the TensorFlow backend "
                 "(MultiWorkerMirroredStrategy); on JAX call jax.distributed.initialize() "
                 "and use keras.distribution yourself"
@@ -210,10 +279,10 @@ def get_strategy(kind="auto"):
             keras.distribution.set_distribution(
                 keras.distribution.DataParallel(devices=devices))
         elif kind == "mirrored":
-            print("Only one JAX device is visible: training on it.")
+            logger.info("Only one JAX device is visible: training on it.")
         return None
     elif kind in ("mirrored", "multiworker"):
-        raise ValueError(
+        raise SettingsError(
             f"--distribute {kind} needs the TensorFlow (or JAX) backend; the "
             f"{backend} backend trains on one device"
         )
@@ -229,7 +298,7 @@ def num_replicas(strategy):
     return 1
 
 
-# --- the job -----------------------------------------------------------------
+# --- model -------------------------------------------------------------------------
 
 
 def _jit_compile(setting):
@@ -238,325 +307,352 @@ def _jit_compile(setting):
     return setting in ("true", "1", True)
 
 
-def read_backup_step(backup_dir):
-    """The epoch recorded by `BackupAndRestore` in `backup_dir`, or 0."""
-    metadata = pathlib.Path(backup_dir) / "training_metadata.json"
-    if not metadata.exists():
-        return 0
-    try:
-        return int(json.loads(metadata.read_text()).get("epoch", 0))
-    except (ValueError, OSError):
-        return 0
+def build_model_for_run(settings, config, strategy=None):
+    """Stage 4: the model under the strategy's scope, compiled the paper's way.
 
-
-def build_callbacks(settings, output_dir, *, validation=True):
-    """Progress bar, resumable backups, checkpoints, logs, NaN guard."""
-    from keras_transformer.training import LearningRateLogger, StepCheckpoint, StopAtUpdate
-
-    output_dir = pathlib.Path(output_dir)
-    return [
-        LearningRateLogger(),
-        keras.callbacks.BackupAndRestore(str(output_dir / "backup"), save_freq="epoch",
-                                         double_checkpoint=True),
-        StepCheckpoint(output_dir / "checkpoints", every_n_steps=settings.checkpoint_every,
-                       keep=settings.average_last),
-        keras.callbacks.CSVLogger(str(output_dir / "training_log.csv"), append=True),
-        keras.callbacks.TerminateOnNaN(),
-        StopAtUpdate(settings.train_steps),
-    ] + ([keras.callbacks.TensorBoard(str(output_dir / "tensorboard"))]
-         if keras.backend.backend() == "tensorflow" else [])
-
-
-def run(settings):
-    """Runs the whole job; returns a dict of results and written paths."""
-    from keras_transformer import data as kt_data
+    The learning rate is the paper's schedule times `learning_rate_factor`.
+    """
     from keras_transformer.model import build_model
-    from keras_transformer.training import (
-        TrainingTimer,
-        average_checkpoints,
-        compile_model,
-        list_checkpoints,
-        optimizer_updates,
-        peak_memory_mib,
-        plot_training,
-    )
-    from keras_transformer.translate import Translator, evaluate_bleu
+    from keras_transformer.schedules import TransformerSchedule
+    from keras_transformer.training import compile_model
 
-    import tensorflow as tf
-
-    s = settings
-    output_dir = pathlib.Path(s.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    keras.utils.set_random_seed(s.seed)
-    say = print if s.verbose else (lambda *a, **k: None)
-    say(f"Keras {keras.__version__}, backend {keras.backend.backend()}; "
-        f"output in {output_dir}")
-
-    # Data and the shared vocabulary.
-    paths = prepare_corpus(s.data, output_dir / "data", seed=s.seed)
-    tokenizer = load_or_train_tokenizer(paths, s.vocab_size, output_dir / TOKENIZER_FILE,
-                                        verbose=s.verbose)
-    config = TransformerConfig.preset(s.preset, vocab_size=tokenizer.vocabulary_size(),
-                                      max_length=s.max_length)
-    train_pairs = kt_data.load_parallel_text(*paths["train"])
-    valid_pairs = kt_data.load_parallel_text(*paths["valid"])
-    counts = kt_data.count_length_policy(train_pairs, tokenizer, s.max_length)
-    say(f"Training pairs: {len(train_pairs)} ({train_pairs.num_dropped} empty lines "
-        f"dropped); {counts}")
-
-    # Model under the strategy's scope.
-    if s.mixed_precision != "none":
-        keras.mixed_precision.set_global_policy(s.mixed_precision)
-    strategy = get_strategy(s.distribute)
-    replicas = num_replicas(strategy)
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
-    train_ds = kt_data.make_dataset(train_pairs, tokenizer,
-                                    tokens_per_batch=s.tokens_per_batch,
-                                    max_length=s.max_length, training=True, repeat=True,
-                                    num_replicas=replicas, seed=s.seed)
-    valid_ds = kt_data.make_dataset(valid_pairs, tokenizer,
-                                    tokens_per_batch=s.tokens_per_batch,
-                                    max_length=s.max_length, training=False,
-                                    num_replicas=replicas)
-    # Mean non-pad target tokens (labels) per batch, from the first
-    # TOKEN_SAMPLE_BATCHES shuffled batches (all of them on small corpora);
-    # with the timed steps it gives training tokens/s. A separate dataset:
-    # iterating train_ds here would advance its reshuffling and change the
-    # order fit sees.
-    sample = kt_data.batch_statistics(kt_data.make_dataset(
-        train_pairs, tokenizer, tokens_per_batch=s.tokens_per_batch,
-        max_length=s.max_length, training=True, repeat=False,
-        num_replicas=replicas, seed=s.seed).take(TOKEN_SAMPLE_BATCHES))
-    target_tokens_per_update = (sample.target_tokens / sample.num_batches
-                                * s.grad_accum_steps)
-    say(f"Training batches: {target_tokens_per_update:.0f} target tokens per update "
-        f"on average (mean of {sample.num_batches} batches)")
-    # A known number of validation batches: without it Keras warns that the
-    # input "ran out of data" at the end of the first validation pass.
-    valid_ds = valid_ds.apply(tf.data.experimental.assert_cardinality(
-        sum(1 for _ in valid_ds)))
     with scope:
         model = build_model(config)
-        compile_model(model, gradient_accumulation_steps=s.grad_accum_steps,
-                      jit_compile=_jit_compile(s.jit_compile))
-    say(f"Model: preset {s.preset}, {model.count_params():,} parameters, "
-        f"{replicas} replica(s)")
-
-    # Train: an "epoch" is `checkpoint_every` batches, so the resumable
-    # backup (at epoch ends) and the step checkpoints line up.
-    steps_per_epoch = s.checkpoint_every * s.grad_accum_steps
-    epochs = math.ceil(s.train_steps / s.checkpoint_every)
-    resumed_epoch = read_backup_step(output_dir / "backup")
-    if resumed_epoch:
-        say(f"Resuming from the backup at epoch {resumed_epoch} "
-            f"(update {resumed_epoch * s.checkpoint_every})")
-    else:
-        say(f"Starting training at step 0: {s.train_steps} updates")
-    timer = TrainingTimer()
-    history = model.fit(
-        train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
-        shuffle=False,  # make_dataset shuffles; fit cannot shuffle a tf.data.Dataset
-        validation_data=valid_ds, callbacks=build_callbacks(s, output_dir) + [timer],
-        verbose=s.verbose if s.verbose in (0, 1, 2) else 1,
-    )
-    train_seconds = timer.elapsed
-    final_step = optimizer_updates(model.optimizer)
-    # Micro-steps under gradient accumulation: tokens per micro-step.
-    tokens_per_second = timer.tokens_per_second(
-        target_tokens_per_update / s.grad_accum_steps)
-    train_peak_mib = peak_memory_mib()
-    say(f"Training finished at update {final_step} in {train_seconds:.0f} s "
-        f"({timer.steps} steps this run, {tokens_per_second:.0f} target tokens/s "
-        f"in training steps, peak memory {train_peak_mib:.0f} MiB)")
-
-    # Average the last checkpoints (section 6.1).
-    checkpoints = [p for _, p in list_checkpoints(output_dir / "checkpoints")]
-    checkpoints = checkpoints[-s.average_last:]
-    averaged = output_dir / "averaged.weights.h5"
-    if checkpoints:
-        average_checkpoints(checkpoints, averaged)
-        model.load_weights(averaged)
-        say(f"Averaged {len(checkpoints)} checkpoints -> {averaged}")
-    model_path = output_dir / "model.keras"
-    model.save(model_path)
-
-    # Beam search the test set, score with sacreBLEU.
-    translator = Translator(model, tokenizer)
-    hypotheses_path = output_dir / "test.hyp.de"
-    result = evaluate_bleu(translator, paths["test"][0], paths["test"][1],
-                           beam_size=s.beam_size, alpha=s.alpha,
-                           max_sentences=s.eval_sentences, output_file=hypotheses_path,
-                           progress=bool(s.verbose), verbose=bool(s.verbose))
-
-    plot_path = output_dir / "training.png"
-    plot_training(output_dir / "training_log.csv", plot_path)
-
-    # The TF Serving export (string in, translation out); from the JAX and
-    # PyTorch backends it runs in a TensorFlow subprocess.
-    export_path = None
-    if s.export_dir:
-        from keras_transformer.export import export_saved_model
-
-        export_path = export_saved_model(translator, s.export_dir, model_name=s.model_name,
-                                         beam_size=s.beam_size, alpha=s.alpha)
-        say(f"Exported the SavedModel for TF Serving -> {export_path}")
-
-    samples = kt_data.load_parallel_text(*paths["test"])
-    say("\nSample translations (test split):")
-    for i in range(min(3, len(result.hypotheses))):
-        say(f"  EN:  {samples[i][0]}\n  REF: {samples[i][1]}\n  HYP: {result.hypotheses[i]}")
-    say("\nWritten:")
-    written = {
-        "tokenizer": output_dir / TOKENIZER_FILE,
-        "model": model_path,
-        "averaged_weights": averaged if checkpoints else None,
-        "checkpoints": output_dir / "checkpoints",
-        "training_log": output_dir / "training_log.csv",
-        "plot": plot_path,
-        "hypotheses": hypotheses_path,
-        "saved_model": export_path,
-    }
-    for name, path in written.items():
-        if path is not None:
-            say(f"  {name:17s} {path}")
-    summary = {
-        "bleu": result.bleu, "chrf": result.chrf, "bleu_signature": result.bleu_signature,
-        "final_step": final_step, "train_seconds": train_seconds,
-        "steps_this_run": timer.steps, "step_seconds": timer.seconds,
-        "target_tokens_per_update": target_tokens_per_update,
-        "train_target_tokens_per_second": tokens_per_second,
-        "train_peak_memory_mib": train_peak_mib, "peak_memory_mib": peak_memory_mib(),
-        "parameters": model.count_params(), "backend": keras.backend.backend(),
-        "settings": dataclasses.asdict(s),
-    }
-    (output_dir / "results.json").write_text(json.dumps(summary, indent=2))
-    return {"result": result, "model": model, "tokenizer": tokenizer,
-            "history": history.history, "paths": written, "summary": summary}
+        schedule = TransformerSchedule(config.d_model, config.warmup_steps,
+                                       scale=settings.learning_rate_factor,
+                                       accumulation_steps=settings.grad_accum_steps)
+        compile_model(model, learning_rate=schedule,
+                      gradient_accumulation_steps=settings.grad_accum_steps,
+                      jit_compile=_jit_compile(settings.jit_compile))
+    return model
 
 
-
-# --- scoring a finished run --------------------------------------------------
-
-
-def check_run(run_dir):
-    """The tokenizer, model.keras and config.json paths of a training output folder."""
-    run_dir = pathlib.Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(
-            f"training output folder not found: {run_dir} (expected the output_dir of "
-            f"a training run, with model.keras and {TOKENIZER_FILE})")
-    spm = run_dir / TOKENIZER_FILE
-    if not spm.is_file():
-        raise FileNotFoundError(f"{run_dir} has no {TOKENIZER_FILE} (the SentencePiece "
-                                "model a training run writes)")
-    keras_file, config_file = run_dir / "model.keras", run_dir / "config.json"
-    if not keras_file.is_file() and not config_file.is_file():
-        raise FileNotFoundError(
-            f"{run_dir} has neither model.keras nor config.json (+ model.weights.h5); "
-            "expected the output_dir of a training run")
-    return spm, keras_file, config_file
-
-
-def load_run(run_dir, weights=None):
-    """Model and tokenizer of a training output folder (`run`'s `output_dir`).
-
-    Args:
-        run_dir: holds `spm.model` and `model.keras` (or `config.json` +
-            `model.weights.h5`).
-        weights: a `.weights.h5` file to load instead of the saved weights
-            (e.g. `averaged.weights.h5` or a checkpoint).
+def restore(model, run, settings, strategy=None):
+    """Stage 5: loads the newest backup (weights + optimizer), or `--init-from`'s weights.
 
     Returns:
-        `(model, tokenizer)`.
+        The optimizer update count training continues from (0 for a new run).
     """
-    from keras_transformer.data.tokenizer import Tokenizer
-    from keras_transformer.model import build_model
+    from keras_transformer.training import optimizer_updates
 
-    spm, keras_file, config_file = check_run(run_dir)
-    if keras_file.is_file():
-        model = keras.saving.load_model(keras_file, compile=False)
-    else:
-        model = build_model(TransformerConfig.from_dict(json.loads(config_file.read_text())))
-        if weights is None:
-            weights = pathlib.Path(run_dir) / "model.weights.h5"
-    if weights is not None:
-        weights = pathlib.Path(weights)
-        if not weights.is_file():
-            raise FileNotFoundError(f"weights file not found: {weights}")
-        model.load_weights(weights)
-    return model, Tokenizer.load(spm)
+    update, path = run.latest_state()
+    if path is None:
+        run.roll_back_to(0)
+        if settings.init_from:
+            source = pathlib.Path(settings.init_from)
+            if source.is_dir():
+                source_model, _ = runs.load_run(source)
+                try:
+                    model.set_weights(source_model.get_weights())
+                except ValueError as error:
+                    raise runs.RunError(f"--init-from {source}: its model does not fit "
+                                        f"this one ({error})") from None
+            else:
+                runs.load_model_weights(model, source)
+            logger.info(f"Initialised from {source}'s weights; a fresh optimizer and "
+                        "learning-rate schedule (fine-tuning)")
+        return 0
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    with scope:
+        # The optimizer's variables must exist for load_weights to fill them.
+        model.optimizer.build(model.trainable_variables)
+        model.load_weights(str(path))
+    restored = optimizer_updates(model.optimizer)
+    if restored != update:
+        raise runs.RunError(f"{path} holds the optimizer state of update {restored}, "
+                            f"not {update}; the file was renamed or is not this run's")
+    run.roll_back_to(update)
+    if settings.init_from:
+        logger.info(f"--init-from {settings.init_from} is not applied again: the run "
+                    f"continues from its own state at update {update}")
+    return update
 
 
-def resolve_weights(run_dir, name):
-    """Path of the weights called `name` in a run folder.
+# --- training ----------------------------------------------------------------------
 
-    `"averaged"` is `averaged.weights.h5`, `"last"` the newest
-    `checkpoints/ckpt-<update>.weights.h5`, `"ckpt-<update>"` that checkpoint;
-    anything else is taken as a path to a `.weights.h5` file.
+
+@dataclasses.dataclass
+class FitReport:
+    """What `fit` did: updates, time, throughput, memory."""
+
+    start_update: int
+    final_update: int
+    seconds: float
+    step_seconds: float
+    steps: int
+    tokens_per_second: float
+    peak_memory_mib: float
+
+
+def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_update,
+        translator=None, bleu_sample=((), ())):
+    """Stage 6: trains from `start_update` to `settings.train_steps` in one `model.fit`.
+
+    Callbacks (`keras_transformer.run_callbacks`) write checkpoints, backups,
+    the log, TensorBoard and the best validation BLEU's weights.
     """
-    from keras_transformer.training import list_checkpoints
+    from keras_transformer.run_callbacks import StateSaver, TrainingLog, UpdateClock, Validator
+    from keras_transformer.training import TrainingTimer, peak_memory_mib
 
-    run_dir = pathlib.Path(run_dir)
-    checkpoints = list_checkpoints(run_dir / "checkpoints") \
-        if (run_dir / "checkpoints").is_dir() else []
-    if name == "averaged":
-        path = run_dir / "averaged.weights.h5"
-    elif name == "last":
-        if not checkpoints:
-            raise FileNotFoundError(f"no checkpoints/ckpt-*.weights.h5 in {run_dir}")
-        path = pathlib.Path(checkpoints[-1][1])
-    elif name.startswith("ckpt-") and not name.endswith(".h5"):
-        path = run_dir / "checkpoints" / f"{name}.weights.h5"
-    else:
-        path = pathlib.Path(name)
-    if not path.exists():
-        available = ", ".join(f"ckpt-{step}" for step, _ in checkpoints) or "none"
-        raise FileNotFoundError(
-            f"weights {name!r} not found ({path}); use averaged, last, ckpt-<update> "
-            f"(checkpoints in {run_dir}: {available}) or a .weights.h5 path"
-        )
+    s = settings
+    remaining = s.train_steps - start_update
+    clock = UpdateClock(start_update, s.grad_accum_steps)
+    record = {}
+    sources, references = bleu_sample
+    callbacks = [
+        clock,
+        Validator(run, clock, every=s.validate_every, dataset=valid_ds,
+                  translator=translator if s.validation_bleu_sentences else None,
+                  sources=sources, references=references, record=record),
+        TrainingLog(run, clock, every=s.log_every, total_updates=s.train_steps,
+                    target_tokens_per_update=tokens_per_update, record=record,
+                    validate_every=s.validate_every),
+        StateSaver(run, clock, checkpoint_every=s.checkpoint_every, keep=s.average_last,
+                   backup_minutes=s.backup_minutes),
+        keras.callbacks.TerminateOnNaN(),
+    ]
+    timer = TrainingTimer()
+    logger.info(f"Training updates {start_update + 1}-{s.train_steps} ({remaining} updates)")
+    model.fit(train_ds, epochs=1, steps_per_epoch=remaining * s.grad_accum_steps,
+              shuffle=False, callbacks=callbacks + [timer], verbose=0)
+    final_update = clock.update
+    report = FitReport(
+        start_update=start_update, final_update=final_update, seconds=timer.elapsed,
+        step_seconds=timer.seconds, steps=final_update - start_update,
+        tokens_per_second=timer.tokens_per_second(tokens_per_update / s.grad_accum_steps),
+        peak_memory_mib=peak_memory_mib())
+    logger.info(f"Training reached update {final_update} in {report.seconds:.0f} s "
+                f"({report.steps} updates this run, {report.tokens_per_second:.0f} target "
+                f"tokens/s in training steps, peak memory {report.peak_memory_mib:.0f} MiB)")
+    return report
+
+
+def finalize_weights(model, run, settings):
+    """Stage 7: sets the final weights (`final_weights`) and saves `model.keras`.
+
+    `averaged`: the mean of the last `average_last` checkpoints of this
+    trajectory (section 6.1); `best`: the weights of the best validation
+    BLEU; `last`: the weights as training left them.
+
+    Returns:
+        A short description of the weights used.
+    """
+    from keras_transformer.training import average_checkpoints
+
+    used = "the last update's weights"
+    if settings.final_weights == "averaged":
+        checkpoints = [p for _, p in run.checkpoints()][-settings.average_last:]
+        if checkpoints:
+            averaged = run / runs.AVERAGED_FILE
+            average_checkpoints(checkpoints, averaged)
+            runs.load_model_weights(model, averaged)
+            used = (f"the average of {len(checkpoints)} checkpoints "
+                    f"({', '.join(p.name for p in checkpoints)})")
+    elif settings.final_weights == "best":
+        best = run.read_json(runs.BEST_INFO_FILE)
+        if best is not None and (run / runs.BEST_FILE).is_file():
+            runs.load_model_weights(model, run / runs.BEST_FILE)
+            used = f"the best validation BLEU's ({best['bleu']:.2f} at update {best['update']})"
+        else:
+            logger.warning("No best.weights.h5 (no validation BLEU measured): using the "
+                           "last weights")
+    runs.write_atomically(run.model_file, model.save)
+    logger.info(f"Final weights: {used} -> {run.model_file}")
+    return used
+
+
+def _read_lines(path):
+    with open(path, encoding="utf-8") as handle:
+        return [line.rstrip("\n").rstrip("\r") for line in handle]
+
+
+def evaluate_test(translator, run, settings, paths):
+    """Stage 8: beam search of the test split, scored with sacreBLEU."""
+    from keras_transformer.translate import evaluate_bleu
+
+    return evaluate_bleu(translator, paths["test"][0], paths["test"][1],
+                         beam_size=settings.beam_size, alpha=settings.alpha,
+                         max_sentences=settings.eval_sentences,
+                         output_file=run / runs.HYPOTHESES_FILE,
+                         progress=bool(settings.verbose), verbose=bool(settings.verbose))
+
+
+def export_run(translator, run, settings):
+    """Stage 9: the TF Serving SavedModel, named after the run folder."""
+    if not settings.export_dir:
+        return None
+    from keras_transformer.export import export_saved_model
+
+    name = settings.model_name or run.root.resolve().name
+    path = export_saved_model(translator, settings.export_dir, model_name=name,
+                              beam_size=max(2, settings.beam_size), alpha=settings.alpha,
+                              max_extra_length=settings.max_extra_length)
+    logger.info(f"Exported the SavedModel for TF Serving -> {path}")
     return path
 
 
-def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("averaged",),
-                 beam_sizes=(4,), alpha=0.6, max_sentences=None, verbose=True):
-    """Scores a finished run's weights on test splits with sacreBLEU.
+# --- the job -----------------------------------------------------------------------
 
-    Loads the model and tokenizer of `run_dir` (`load_run`),
-    then for every weights file, beam size and split translates
+
+def _check_config(run, config):
+    """Writes config.json for a new run; for a continued one, says what changed."""
+    saved = run.read_config()
+    if saved is not None and saved != config:
+        changed = {k: (v, getattr(config, k)) for k, v in saved.to_dict().items()
+                   if v != getattr(config, k)}
+        logger.info(f"Model settings changed since the last invocation: {changed}")
+    run.write_json(runs.CONFIG_FILE, config.to_dict())
+
+
+def train(settings):
+    """Runs the whole job for resolved `Settings`; returns the results dict.
+
+    See the module docstring for the stages and for how a run folder is
+    continued.
+    """
+    from keras_transformer.translate import Translator
+
+    s = settings
+    run = runs.RunFolder(s.output_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    keras.utils.set_random_seed(s.seed)
+    logger.info(f"Keras {keras.__version__}, backend {keras.backend.backend()}; "
+                f"run folder {run.root}")
+
+    paths = prepare_data(s, run)
+    tokenizer = prepare_tokenizer(s, run, paths)
+    run.write_json(runs.SETTINGS_FILE, s.to_dict())
+    config = s.model_config(vocab_size=tokenizer.vocabulary_size())
+
+    if s.mixed_precision != "none":
+        keras.mixed_precision.set_global_policy(s.mixed_precision)
+    strategy = get_strategy(s.distribute)
+    plan = plan_batches(s.tokens_per_batch, grad_accum_steps=s.grad_accum_steps,
+                        replicas=num_replicas(strategy), max_length=s.max_length)
+    model = build_model_for_run(s, config, strategy)
+    _check_config(run, config)
+    logger.info(f"Model: preset {s.preset}, {model.count_params():,} parameters, "
+                f"{plan.replicas} replica(s)")
+
+    start = restore(model, run, s, strategy)
+    previous = run.read_json(runs.RESULTS_FILE)
+    if start >= s.train_steps and previous and previous.get("final_step") == start:
+        logger.info(f"The run in {run.root} is complete: update {start} of "
+                    f"{s.train_steps}, results in {run.results_file}. Nothing to train; "
+                    "raise --train-steps to continue it.")
+        previous["steps_this_run"] = 0
+        run.write_json(runs.RESULTS_FILE, previous)
+        return previous
+
+    report = None
+    translator = None
+    if start < s.train_steps:
+        if start:
+            logger.info(f"Continuing {run.root} at update {start} (of {s.train_steps})")
+        else:
+            logger.info(f"Starting training at update 0: {s.train_steps} updates")
+        train_ds, valid_ds, tokens_per_update, valid_pairs = make_datasets(
+            s, tokenizer, paths, plan, start_update=start)
+        n = s.validation_bleu_sentences
+        bleu_sample = ([p[0] for p in valid_pairs[:n]], [p[1] for p in valid_pairs[:n]])
+        translator = Translator(model, tokenizer, max_extra_length=s.max_extra_length)
+        report = fit(model, run, s, train_ds, valid_ds, start_update=start,
+                     tokens_per_update=tokens_per_update, translator=translator,
+                     bleu_sample=bleu_sample)
+    else:
+        logger.info(f"Training is complete at update {start}; finishing the run "
+                    "(final weights, test, export)")
+        tokens_per_update = None
+
+    final_weights = finalize_weights(model, run, s)
+    from keras_transformer.training import plot_training
+
+    plot_training(run.log_file, run / runs.PLOT_FILE)
+    translator = translator or Translator(model, tokenizer, max_extra_length=s.max_extra_length)
+    result = evaluate_test(translator, run, s, paths)
+    export_path = export_run(translator, run, s)
+
+    sources = _read_lines(paths["test"][0])
+    references = _read_lines(paths["test"][1])
+    lines = ["Sample translations (test split):"]
+    for i in range(min(3, len(result.hypotheses))):
+        lines.append(f"  EN:  {sources[i]}\n  REF: {references[i]}\n  HYP: "
+                     f"{result.hypotheses[i]}")
+    logger.info("\n".join(lines))
+    summary = {
+        "bleu": result.bleu, "chrf": result.chrf, "bleu_signature": result.bleu_signature,
+        "final_step": report.final_update if report else start,
+        "steps_this_run": report.steps if report else 0,
+        "train_seconds": report.seconds if report else 0.0,
+        "step_seconds": report.step_seconds if report else 0.0,
+        "target_tokens_per_update": tokens_per_update,
+        "train_target_tokens_per_second": report.tokens_per_second if report else None,
+        "train_peak_memory_mib": report.peak_memory_mib if report else None,
+        "peak_memory_mib": _peak_memory(), "final_weights": final_weights,
+        "parameters": model.count_params(), "backend": keras.backend.backend(),
+        "batch_plan": dataclasses.asdict(plan),
+        "saved_model": str(export_path) if export_path else None,
+        "settings": s.to_dict(),
+    }
+    run.write_json(runs.RESULTS_FILE, summary)
+    logger.info(f"Test BLEU {result.bleu:.2f}, chrF {result.chrf:.2f}; results in "
+                f"{run.results_file}")
+    return summary
+
+
+def _peak_memory():
+    from keras_transformer.training import peak_memory_mib
+
+    return peak_memory_mib()
+
+
+# --- scoring a finished run --------------------------------------------------------
+
+
+def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
+                 beam_sizes=(4,), alpha=0.6, max_sentences=None, verbose=True):
+    """Scores a run's weights on test splits with sacreBLEU.
+
+    Loads the model and tokenizer of `run_dir` (`runs.load_run`), then for
+    every weights name, beam size and split translates
     `<corpus_dir>/<split>.en` and scores it against `<split>.de`.
 
     Args:
-        run_dir: a training output folder, e.g. `runs/multi30k_small`.
+        run_dir: a training run folder, e.g. `runs/multi30k_small`.
         corpus_dir: folder with `<split>.en` / `<split>.de` files.
         splits: file stems, e.g. `("test", "test_2017_flickr")`.
-        weights: names understood by `resolve_weights` (`"averaged"`,
-            `"last"`, `"ckpt-2000"`, or paths).
+        weights: names understood by `runs.resolve_weights` (`"final"`,
+            `"averaged"`, `"best"`, `"last"`, `"ckpt-2000"`, or paths).
         beam_sizes: 1 is greedy decoding.
         alpha: length penalty of beam search.
         max_sentences: score only the first lines of each split.
-        verbose: print each row as it is measured.
+        verbose: log each row as it is measured.
 
     Returns:
         A list of dicts with `weights`, `beam_size`, `split`, `bleu`, `chrf`,
-        `num_sentences` and `seconds`.
+        `num_sentences`, `seconds` and `bleu_signature`.
     """
     from keras_transformer.translate import Translator, evaluate_bleu
 
     run_dir, corpus_dir = pathlib.Path(run_dir), pathlib.Path(corpus_dir)
-    check_run(run_dir)
+    runs.check_run(run_dir)
     files = {}
     for split in splits:
         source, reference = corpus_dir / f"{split}.en", corpus_dir / f"{split}.de"
         if not (source.exists() and reference.exists()):
             raise FileNotFoundError(f"split {split!r} needs {source} and {reference}")
         files[split] = (source, reference)
-    weight_paths = {name: resolve_weights(run_dir, name) for name in weights}
-    model, tokenizer = load_run(run_dir)
+    weight_paths = {name: runs.resolve_weights(run_dir, name) for name in weights}
+    model, tokenizer = runs.load_run(run_dir)
+    final = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
     translator = Translator(model, tokenizer)
     rows = []
     for name, path in weight_paths.items():
-        model.load_weights(path)
+        if path is None:
+            model.set_weights(final)
+        else:
+            runs.load_model_weights(model, path)
         for beam_size in beam_sizes:
             for split, (source, reference) in files.items():
                 start = time.time()
@@ -570,7 +666,13 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("averaged",)
                            bleu_signature=result.bleu_signature)
                 rows.append(row)
                 if verbose:
-                    print(f"{name:>10s}  beam {beam_size}  {split:18s} BLEU {row['bleu']:6.2f}"
-                          f"  chrF {row['chrf']:6.2f}  ({row['num_sentences']} sentences, "
-                          f"{row['seconds']:.0f} s)", flush=True)
+                    logger.info(f"{name:>10s}  beam {beam_size}  {split:18s} BLEU "
+                                f"{row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
+                                f"({row['num_sentences']} sentences, {row['seconds']:.0f} s)")
     return rows
+
+
+__all__ = ["BatchPlan", "FitReport", "build_model_for_run", "evaluate_run", "evaluate_test",
+           "export_run", "finalize_weights", "fit", "get_strategy", "load_settings",
+           "make_datasets", "num_replicas", "plan_batches", "prepare_corpus", "prepare_data",
+           "prepare_tokenizer", "restore", "split_paths", "train"]

@@ -42,9 +42,9 @@ Training backend: the export always runs under the TensorFlow backend. A
 model trained under JAX or PyTorch is exported from its weights, which are
 backend-portable: `export_saved_model` and `export_from_run`, called under
 another backend, save the weights, config and tokenizer to a temporary
-folder and run `python -m keras_transformer export` with
-`KERAS_BACKEND=tensorflow` in a subprocess, which rebuilds the model under
-TensorFlow and exports it.
+folder and call `export_from_run` in a subprocess with
+`KERAS_BACKEND=tensorflow` (`python -m keras_transformer.export`, its
+arguments as JSON), which rebuilds the model under TensorFlow and exports it.
 
 Two workarounds are applied while tracing (the exported graph is checked for
 them, see `forbidden_ops`): under TensorFlow `keras.ops.slice_update` emits
@@ -77,7 +77,7 @@ import threading
 
 import tensorflow as tf
 
-from keras_transformer.experiment import check_run, load_run
+from keras_transformer.runs import check_run, load_run, resolve_weights
 
 DEFAULT_BASE = "saved_models"
 DEFAULT_MODEL_NAME = "transformer"
@@ -447,7 +447,7 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
     See the module docstring for the signatures and the input handling. Under
     the JAX or PyTorch backend the model's weights, config and tokenizer are
     saved to a temporary folder and exported by a TensorFlow-backend
-    subprocess (`python -m keras_transformer export`).
+    subprocess (`python -m keras_transformer.export`).
 
     Args:
         translator: a `keras_transformer.translate.Translator` whose tokenizer
@@ -506,7 +506,8 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             (tmp / TOKENIZER_ASSET).write_bytes(tokenizer.model_proto)
             return _export_in_subprocess(tmp, export_dir, model_name=model_name,
                                          version=version, overwrite=overwrite,
-                                         verbose=verbose, **options)
+                                         verbose=verbose, weights=tmp / "model.weights.h5",
+                                         **options)
 
     model_dir.mkdir(parents=True, exist_ok=True)
     # Hidden (non-numeric) folder: TF Serving ignores it until the rename.
@@ -549,42 +550,31 @@ def _tf_text_version():
     return getattr(tensorflow_text, "__version__", "unknown")
 
 
-def _export_in_subprocess(run_dir, export_dir, *, model_name, version, overwrite, verbose,
-                          beam_size, alpha, max_source_length, max_extra_length,
-                          batch_buckets, length_buckets, weights=None):
-    """Runs `python -m keras_transformer export` under the TensorFlow backend."""
+def _export_in_subprocess(run_dir, export_dir, **options):
+    """Calls `export_from_run` in a TensorFlow-backend subprocess; options as JSON."""
     package_root = str(pathlib.Path(__file__).resolve().parents[1])
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
-    command = [
-        sys.executable, "-m", "keras_transformer", "export", "--run", str(run_dir),
-        "--export-dir", str(export_dir), "--model-name", model_name,
-        "--version", str(version), "--beam-size", str(beam_size), "--alpha", str(alpha),
-        "--batch-buckets", ",".join(map(str, batch_buckets)),
-    ]
-    if max_source_length is not None:
-        command += ["--max-source-length", str(max_source_length)]
-    if max_extra_length is not None:
-        command += ["--max-extra-length", str(max_extra_length)]
-    if length_buckets:
-        command += ["--length-buckets", ",".join(map(str, length_buckets))]
-    if weights is not None:
-        command += ["--weights", str(weights)]
-    if overwrite:
-        command.append("--overwrite")
-    if not verbose:
-        command.append("--quiet")
-    result = subprocess.run(command, env=env, capture_output=not verbose, text=True)
+    spec = dict(options, run_dir=str(run_dir), export_dir=str(export_dir))
+    for name in ("batch_buckets", "length_buckets"):
+        if spec.get(name) is not None:
+            spec[name] = list(spec[name])
+    if spec.get("weights") is not None:
+        spec["weights"] = str(spec["weights"])
+    verbose = options.get("verbose", False)
+    result = subprocess.run([sys.executable, "-m", "keras_transformer.export"],
+                            input=json.dumps(spec), env=env, capture_output=not verbose,
+                            text=True)
     if result.returncode != 0:
         details = "" if verbose else f":\n{result.stderr[-4000:]}"
-        raise RuntimeError(
-            f"export under the TensorFlow backend failed (exit {result.returncode}) "
-            f"for {' '.join(command)}{details}")
-    return pathlib.Path(export_dir) / model_name / str(version)
+        raise RuntimeError(f"export under the TensorFlow backend failed (exit "
+                           f"{result.returncode}){details}")
+    return pathlib.Path(export_dir) / options["model_name"] / str(options["version"])
 
 
-def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
+def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
                     version=None, weights=None, beam_size=4, alpha=0.6,
                     max_source_length=None, max_extra_length=50,
                     batch_buckets=DEFAULT_BATCH_BUCKETS, length_buckets=None,
@@ -599,9 +589,12 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODE
             `model.keras` (or `config.json` + `model.weights.h5`) and
             `spm.model`.
         export_dir: the model server's base folder.
-        model_name, version: as in `export_saved_model`.
-        weights: a `.weights.h5` file to load instead of the saved weights
-            (e.g. `averaged.weights.h5` or a checkpoint).
+        model_name: the served model's name; default the run folder's name,
+            so that each run is its own model on the server.
+        version: as in `export_saved_model`.
+        weights: weights to export instead of `model.keras`': a name of
+            `runs.resolve_weights` (`best`, `last`, `ckpt-<update>`, ...) or
+            a `.weights.h5` path.
         beam_size, alpha, max_source_length, max_extra_length, batch_buckets,
             length_buckets, overwrite, verbose: as in `export_saved_model`.
 
@@ -611,15 +604,17 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODE
     Example:
 
     >>> export_from_run("runs/demo_tiny", "saved_models", version=1)
-    PosixPath('saved_models/transformer/1')
+    PosixPath('saved_models/demo_tiny/1')
     """
     import keras
 
+    run_dir = pathlib.Path(run_dir)
+    check_run(run_dir)
+    if model_name is None:
+        model_name = run_dir.resolve().name
+    if weights is not None:
+        weights = resolve_weights(run_dir, str(weights))
     if keras.backend.backend() != "tensorflow":
-        run_dir = pathlib.Path(run_dir)
-        check_run(run_dir)
-        if weights is not None and not pathlib.Path(weights).is_file():
-            raise FileNotFoundError(f"weights file not found: {weights}")
         _, version, _ = _version_dir(export_dir, model_name, version, overwrite)
         return _export_in_subprocess(
             run_dir, export_dir, model_name=model_name, version=version,
@@ -636,3 +631,8 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODE
         beam_size=beam_size, alpha=alpha, max_source_length=max_source_length,
         max_extra_length=max_extra_length, batch_buckets=batch_buckets,
         length_buckets=length_buckets, overwrite=overwrite, verbose=verbose)
+
+
+if __name__ == "__main__":
+    # `_export_in_subprocess`: export_from_run's arguments as JSON on stdin.
+    export_from_run(**json.loads(sys.stdin.read()))
