@@ -11,7 +11,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-from keras_transformer.__main__ import main, resolve_model_dir
+from keras_transformer.commands import main
+from keras_transformer.commands.translate import resolve_model_dir
 from test_export import BEAM_SIZE, MAX_EXTRA, exported
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

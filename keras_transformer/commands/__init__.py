@@ -1,0 +1,62 @@
+"""The `keras-transformer` command (also `python -m keras_transformer`).
+
+    keras-transformer train --data demo --preset tiny
+    keras-transformer train --output-dir runs/demo_tiny --train-steps 1000   # continue
+    keras-transformer evaluate --run runs/demo_tiny --data demo
+    keras-transformer average --run runs/demo_tiny --last 3
+    keras-transformer translate --run runs/demo_tiny < in.en > out.de
+    keras-transformer export --run runs/demo_tiny
+
+Each sub-command lives in its own module of this package; this one only
+dispatches and turns user errors into one line on stderr.
+"""
+
+import argparse
+import os
+import sys
+
+from keras_transformer.commands import average, evaluate, export, train, translate
+from keras_transformer.commands.common import PROG, CommandError, quiet_tensorflow
+
+COMMANDS = (train, evaluate, average, translate, export)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for module in COMMANDS:
+        module.add_parser(commands)
+    return parser
+
+
+def _user_errors():
+    """Exceptions that mean "the input is wrong", shown as one line."""
+    from keras_transformer.data.readers import CorpusError
+    from keras_transformer.runs import RunError
+    from keras_transformer.settings import SettingsError
+
+    return (CommandError, SettingsError, RunError, CorpusError, FileNotFoundError,
+            FileExistsError)
+
+
+def main(argv=None, prog=PROG):
+    """Runs one sub-command; returns the exit status (1 for a user error)."""
+    parser = build_parser()
+    parser.prog = prog
+    args = parser.parse_args(argv)
+    if prog != PROG:  # a wrapper of one sub-command, e.g. examples/wmt_ende.py
+        args.command = ""
+    quiet_tensorflow(verbose=getattr(args, "verbose", 1) == 2)
+    try:
+        return args.func(args)
+    except _user_errors() as error:
+        if os.environ.get("KT_TRACEBACK"):
+            raise
+        message = str(error).strip() or type(error).__name__
+        sys.stderr.write(f"{' '.join(filter(None, (prog, args.command)))}: error: "
+                         f"{message}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `| head`
+        return 0

@@ -1,0 +1,48 @@
+"""What every sub-command shares: the program name, user errors, quiet start-up."""
+
+import logging
+import os
+import sys
+
+PROG = "keras-transformer"
+
+
+class CommandError(Exception):
+    """A user error: printed as `<prog> <command>: error: <message>`, exit status 1."""
+
+
+def quiet_tensorflow(verbose=False):
+    """Loads TensorFlow and Keras without their C++ start-up noise on a terminal.
+
+    On a machine without GPU, TensorFlow prints cuInit/cudart and oneDNN
+    notices while it is imported, before its log level applies; they go to
+    /dev/null here (the import's own Python errors still show). `verbose=True`
+    leaves everything as it is. Call it before anything imports Keras.
+    """
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import keras  # noqa: F401  (imports the backend, TensorFlow too)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def setup_logging(verbose=1):
+    """Timestamped `keras_transformer` log lines on stderr."""
+    level = logging.WARNING if verbose == 0 else logging.INFO
+    logger = logging.getLogger("keras_transformer")
+    if not any(getattr(h, "_kt_handler", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        handler._kt_handler = True
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    return logger

@@ -1,0 +1,44 @@
+"""`keras-transformer evaluate`: sacreBLEU of a run's weights on test splits."""
+
+import json
+
+from keras_transformer.commands.common import setup_logging
+
+
+def add_parser(commands):
+    p = commands.add_parser(
+        "evaluate", help="score a run's weights on test splits with sacreBLEU",
+        description="Translates <data>/<split>.en with a run folder's weights and scores "
+                    "it against <split>.de (sacreBLEU BLEU and chrF, detokenized, 13a, "
+                    "mixed case); one row per weights, beam size and split, and a "
+                    "Markdown table at the end.")
+    p.add_argument("--run", required=True, help="a training run folder")
+    p.add_argument("--data", required=True, help="folder with <split>.en / <split>.de files")
+    p.add_argument("--splits", nargs="+", default=["test"], help="default: test")
+    p.add_argument("--weights", nargs="+", default=["final"],
+                   help="final (model.keras), averaged, best, last, ckpt-<update> or "
+                        ".weights.h5 paths (default: final)")
+    p.add_argument("--beam-sizes", nargs="+", type=int, default=[4], help="1 = greedy")
+    p.add_argument("--alpha", type=float, default=0.6, help="default 0.6")
+    p.add_argument("--max-sentences", type=int, help="score only the first N lines")
+    p.add_argument("--json", help="also write the rows to this file")
+    p.set_defaults(func=run_evaluate)
+    return p
+
+
+def run_evaluate(args):
+    setup_logging()
+    from keras_transformer.experiment import evaluate_run
+
+    rows = evaluate_run(args.run, args.data, splits=args.splits, weights=args.weights,
+                        beam_sizes=args.beam_sizes, alpha=args.alpha,
+                        max_sentences=args.max_sentences)
+    print("| weights | beam | split | sacreBLEU | chrF2 |\n|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['weights']} | {row['beam_size']} | {row['split']} | "
+              f"{row['bleu']:.2f} | {row['chrf']:.2f} |")
+    print(f"\nsacreBLEU signature: {rows[0]['bleu_signature']}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=2)
+    return 0

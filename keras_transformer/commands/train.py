@@ -1,0 +1,30 @@
+"""`keras-transformer train`: the whole job, resumable (see `keras_transformer.experiment`)."""
+
+from keras_transformer.commands.common import setup_logging
+from keras_transformer.settings import add_arguments, given_from_args
+
+DESCRIPTION = (
+    "Trains, averages, tests and exports a Transformer in a run folder. Re-running "
+    "the same command continues the run from its newest backup; a larger "
+    "--train-steps continues a finished run; --init-from fine-tunes other weights. "
+    "Settings come from the preset, the run folder's settings.json, --config FILE "
+    "and the flags, in that order.")
+
+
+def add_parser(commands):
+    parser = commands.add_parser("train", help="train a model in a run folder (resumable)",
+                                 description=DESCRIPTION)
+    add_arguments(parser)
+    parser.set_defaults(func=run_train)
+    return parser
+
+
+def run_train(args):
+    job, model, config_file = given_from_args(args)
+    setup_logging(job.get("verbose", 1))
+    from keras_transformer import experiment
+
+    settings = experiment.load_settings(job, model, config_file)
+    experiment.train(settings)
+    return 0
+
