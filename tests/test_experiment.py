@@ -1,38 +1,19 @@
-"""The end-to-end job: settings, corpus folders, and a killed run that resumes."""
+"""The end-to-end job: corpus folders, the example script, scoring a finished run."""
 
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import time
 
 import h5py
+import numpy as np
 import pytest
 
-from keras_transformer.experiment import (
-    JobSettings,
-    evaluate_run,
-    prepare_corpus,
-    read_backup_step,
-    resolve_weights,
-)
+from keras_transformer.experiment import evaluate_run, prepare_corpus
+from keras_transformer.runs import resolve_weights
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def test_settings_fill_preset_defaults_and_reject_bad_values():
-    settings = JobSettings(data="demo", preset="tiny")
-    assert settings.train_steps == 500 and settings.vocab_size == 4000
-    assert JobSettings(preset="base").tokens_per_batch == 25_000
-    assert JobSettings(preset="tiny", train_steps=7).train_steps == 7
-    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
-        JobSettings(preset="huge")
-    with pytest.raises(ValueError, match="distribute"):
-        JobSettings(preset="tiny", distribute="horovod")
-    with pytest.raises(ValueError, match="train_steps must be >= 1"):
-        JobSettings(preset="tiny", train_steps=0)
 
 
 def test_corpus_folder_must_have_all_splits(tmp_path):
@@ -46,64 +27,64 @@ def test_shared_corpus_folder_is_accepted(shared_data, tmp_path):
     assert paths["test"][0].name == "test.en"
 
 
-def _command(output_dir):
-    return [sys.executable, str(REPO / "examples" / "wmt_ende.py"), "--data", "demo",
-            "--preset", "tiny", "--train-steps", "22", "--checkpoint-every", "6",
-            "--average-last", "2", "--tokens-per-batch", "512", "--eval-sentences", "4",
-            "--beam-size", "2", "--output-dir", str(output_dir), "--verbose", "2",
-            "--export-dir", str(output_dir / "saved_models")]
-
-
 @pytest.mark.slow
-def test_example_script_resumes_after_sigkill(tmp_path):
-    """Smoke test of examples/wmt_ende.py, killed with SIGKILL after a backup and re-run."""
+def test_example_script_keeps_its_flags_and_exports_under_the_run_name(tmp_path):
+    """examples/wmt_ende.py with every flag it had before `keras-transformer train`."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO),
                                                         os.environ.get("PYTHONPATH", "")]),
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    output_dir = tmp_path / "run"
-    log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(_command(output_dir), env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 600
-    try:
-        while read_backup_step(output_dir / "backup") < 2:
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.time() < deadline, "no backup within 10 minutes"
-            time.sleep(0.2)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        log.close()
-    killed_at = read_backup_step(output_dir / "backup")
-    assert killed_at >= 2
-    first_log = (tmp_path / "first.log").read_text()
-    assert "Starting training at step 0" in first_log
-
-    second = subprocess.run(_command(output_dir), env=env, capture_output=True, text=True,
-                            timeout=900)
-    output = second.stdout + second.stderr
-    assert second.returncode == 0, output[-4000:]
-    assert "Resuming from the backup at epoch" in output, output[-4000:]
+               PYTHONUNBUFFERED="1")
+    output_dir = tmp_path / "demo_run"
+    command = [sys.executable, str(REPO / "examples" / "wmt_ende.py"), "--data", "demo",
+               "--preset", "tiny", "--train-steps", "12", "--checkpoint-every", "6",
+               "--average-last", "2", "--tokens-per-batch", "512", "--vocab-size", "1000",
+               "--max-length", "64", "--grad-accum-steps", "1", "--mixed-precision", "none",
+               "--distribute", "none", "--seed", "3", "--beam-size", "2", "--alpha", "0.6",
+               "--eval-sentences", "4", "--jit-compile", "auto", "--verbose", "1",
+               "--output-dir", str(output_dir), "--export-dir", str(tmp_path / "served"),
+               "--model-name", "demo_model"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900,
+                            cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
     results = json.loads((output_dir / "results.json").read_text())
-    # 22 updates in epochs of 6: the fourth epoch stops early (StopAtUpdate).
-    assert results["final_step"] == 22
-    assert results["steps_this_run"] < 22
+    assert (results["final_step"], results["steps_this_run"]) == (12, 12)
+    assert results["settings"]["vocab_size"] == 1000 and results["settings"]["seed"] == 3
     assert results["train_target_tokens_per_second"] > 0
-    assert results["train_peak_memory_mib"] > 100
-    # Fewer epochs ran the second time: it did not start over.
-    assert output.count("Epoch ") <= 4 - killed_at + 1, output[-4000:]
-    # Every checkpoint left behind is a complete HDF5 file.
-    checkpoints = sorted((output_dir / "checkpoints").glob("*.weights.h5"))
-    assert [p.name for p in checkpoints] == ["ckpt-18.weights.h5", "ckpt-22.weights.h5"]
-    for path in checkpoints + [output_dir / "averaged.weights.h5"]:
+    # The checkpoints averaged are the last two, each a complete weights file
+    # whose optimizer state is that of its update.
+    checkpoints = sorted((output_dir / "checkpoints").glob("ckpt-*.weights.h5"))
+    assert [p.name for p in checkpoints] == ["ckpt-12.weights.h5", "ckpt-6.weights.h5"]
+    for path in checkpoints:
         with h5py.File(path, "r") as handle:
-            assert "layers" in handle or len(handle.keys()) > 0
+            assert int(handle["optimizer/vars/0"][()]) == int(path.name[5:-11])
+    # averaged.weights.h5 is the mean of the two checkpoints, weight by weight.
+    with h5py.File(checkpoints[0]) as a, h5py.File(checkpoints[1]) as b, \
+            h5py.File(output_dir / "averaged.weights.h5") as averaged:
+        names = [n for n in _datasets(averaged) if n.startswith("layers/")]
+        assert len(names) > 10
+        for name in names:
+            np.testing.assert_allclose(averaged[name][()], (a[name][()] + b[name][()]) / 2,
+                                       rtol=1e-5, atol=1e-7)
     for name in ["model.keras", "spm.model", "training.png", "test.hyp.de",
-                 "training_log.csv"]:
+                 "training_log.csv", "settings.json", "config.json"]:
         assert (output_dir / name).exists(), name
     assert "BLEU" in output and "Sample translations" in output
-    # The TF Serving export of the finished run.
-    assert (output_dir / "saved_models" / "transformer" / "1" / "saved_model.pb").exists()
-    assert results["settings"]["export_dir"] == str(output_dir / "saved_models")
+    assert (tmp_path / "served" / "demo_model" / "1" / "saved_model.pb").exists()
+    # Without --model-name the export is named after the run folder.
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformer", "export", "--run", str(output_dir),
+         "--export-dir", str(tmp_path / "served"), "--batch-buckets", "1",
+         "--length-buckets", "16", "--quiet"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == str(tmp_path / "served" / "demo_run" / "1")
+
+
+def _datasets(handle):
+    names = []
+    handle.visititems(lambda name, obj: names.append(name)
+                      if isinstance(obj, h5py.Dataset) else None)
+    return names
 
 
 def _fake_run(shared_data, run_dir):
@@ -163,5 +144,5 @@ def test_resolve_weights_names_and_errors(shared_data, tmp_path):
         resolve_weights(tmp_path, "ckpt-30")
     with pytest.raises(FileNotFoundError, match="split 'nope'"):
         evaluate_run(tmp_path, shared_data / "multi30k", splits=["nope"], verbose=False)
-    with pytest.raises(FileNotFoundError, match="training output folder not found"):
+    with pytest.raises(FileNotFoundError, match="run folder not found"):
         evaluate_run(tmp_path / "missing", shared_data / "multi30k", verbose=False)

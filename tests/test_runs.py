@@ -1,0 +1,377 @@
+"""The run folder's lifecycle: continue, complete, kill -9, damaged files, fine-tuning.
+
+The lifecycle tests run `keras-transformer train` in real subprocesses (under
+this process' Keras backend) on a small slice of Multi30k.
+"""
+
+import csv
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from keras_transformer import runs
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+# --- the run folder on its own (no training) ------------------------------------------
+
+
+def _weights_file(path, value=1.0):
+    with h5py.File(path, "w") as handle:
+        handle.create_dataset("layers/dense/vars/0", data=np.full((2, 2), value))
+    return path
+
+
+def test_latest_state_prefers_the_newest_readable_file_and_sets_damaged_ones_aside(tmp_path):
+    run = runs.RunFolder(tmp_path)
+    run.checkpoint_dir.mkdir()
+    run.backup_dir.mkdir()
+    _weights_file(run.checkpoint_path(10))
+    _weights_file(run.checkpoint_path(20))
+    _weights_file(run.backup_path(25))
+    damaged = run.backup_path(30)
+    damaged.write_bytes(_weights_file(tmp_path / "x.h5").read_bytes()[:100])
+    messages = []
+    assert run.latest_state(say=messages.append) == (25, run.backup_path(25))
+    assert "state-30.weights.h5 is unreadable" in messages[0]
+    assert "Falling back to" in messages[1] and "update 25" in messages[1]
+    # Moved, not deleted, with its bytes.
+    moved = run.backup_dir / runs.DAMAGED_DIR / damaged.name
+    assert moved.read_bytes() == (tmp_path / "x.h5").read_bytes()[:100]
+    assert not damaged.exists()
+
+
+def test_latest_state_refuses_to_start_over_when_nothing_is_readable(tmp_path):
+    run = runs.RunFolder(tmp_path)
+    run.backup_dir.mkdir()
+    run.backup_path(40).write_bytes(b"\x89HDF\r\n\x1a\n truncated")
+    with pytest.raises(runs.RunError, match=r"state-40\.weights\.h5 is unreadable.*"
+                                            r"Nothing was changed"):
+        run.latest_state()
+    assert run.backup_path(40).exists()
+    assert runs.RunFolder(tmp_path / "new").latest_state() == (0, None)
+
+
+def test_roll_back_sets_aside_checkpoints_rows_and_best_of_another_trajectory(tmp_path):
+    run = runs.RunFolder(tmp_path)
+    run.checkpoint_dir.mkdir()
+    for step in (10, 20, 30):
+        _weights_file(run.checkpoint_path(step))
+    run.log_file.write_text("step,loss\n10,5.0\n20,4.0\n25,3.5\n30,3.0\n")
+    run.write_json(runs.BEST_INFO_FILE, dict(update=30, bleu=12.0))
+    _weights_file(run / runs.BEST_FILE)
+    run.roll_back_to(20, say=lambda message: None)
+    assert [step for step, _ in run.checkpoints()] == [10, 20]
+    assert (run.checkpoint_dir / runs.ROLLED_BACK_DIR / "ckpt-30.weights.h5").exists()
+    assert run.log_file.read_text().splitlines() == ["step,loss", "10,5.0", "20,4.0"]
+    assert (run / runs.ROLLED_BACK_LOG_FILE).read_text().splitlines() == [
+        "step,loss", "25,3.5", "30,3.0"]
+    assert not (run / runs.BEST_FILE).exists()
+    assert (run.checkpoint_dir / runs.ROLLED_BACK_DIR / runs.BEST_FILE).exists()
+
+
+# --- settings: config files, flags, batch plan ---------------------------------------
+
+
+ROW_A = """
+[model]
+num_heads = 16
+key_dim = 32
+value_dim = 32
+
+[training]
+train_steps = 1234
+"""
+
+
+def _train_args(*argv):
+    from keras_transformer.commands import build_parser
+    from keras_transformer.settings import given_from_args
+
+    return given_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def test_table_3_row_a_config_file_builds_16_heads_of_32_dims(tmp_path):
+    from keras_transformer.experiment import load_settings
+    from keras_transformer.layers import MultiHeadAttention
+    from keras_transformer.model import build_model
+
+    config_file = tmp_path / "row_a.toml"
+    config_file.write_text(ROW_A)
+    settings = load_settings(*_train_args("--config", str(config_file), "--output-dir",
+                                          str(tmp_path / "run"), "--vocab-size", "64"))
+    assert settings.train_steps == 1234 and settings.tokens_per_batch == 25_000  # base
+    model = build_model(settings.model_config())
+    attention = [layer for layer in model._flatten_layers()
+                 if isinstance(layer, MultiHeadAttention)]
+    assert len(attention) == 6 + 2 * 6  # encoder self, decoder self and cross
+    for layer in attention:
+        assert (layer.num_heads, layer.key_dim, layer.value_dim) == (16, 32, 32)
+        # The keys and values attention sees: (batch, h, T, d_k) per head.
+        keys, values = layer.compute_key_value(np.zeros((2, 5, 512), "float32"))
+        assert tuple(keys.shape) == (2, 16, 5, 32) and tuple(values.shape) == (2, 16, 5, 32)
+
+    # A flag overrides the file; the file's other values stay.
+    settings = load_settings(*_train_args("--config", str(config_file), "--output-dir",
+                                          str(tmp_path / "run"), "--key-dim", "64",
+                                          "--train-steps", "7"))
+    config = settings.model_config()
+    assert (config.num_heads, config.key_dim, config.value_dim) == (16, 64, 32)
+    assert settings.train_steps == 7
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[model]\nnum_hedas = 4\n", "num_hedas is not a TransformerConfig field"),
+    ("[training]\nbeam_size = 4\n", "beam_size belongs in \\[decoding\\]"),
+    ("[optimizer]\nlr = 1\n", "unknown section \\[optimizer\\]"),
+    ("[training\n", "not valid TOML"),
+    ("[training]\ntrain_steps = -3\n", "--train-steps must be a positive integer"),
+])
+def test_bad_config_files_name_the_problem(tmp_path, text, message):
+    from keras_transformer.experiment import load_settings
+    from keras_transformer.settings import SettingsError
+
+    config_file = tmp_path / "bad.toml"
+    config_file.write_text(text)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(*_train_args("--config", str(config_file), "--output-dir",
+                                   str(tmp_path / "run")))
+
+
+def test_saved_settings_are_the_defaults_and_fixed_ones_cannot_change(tmp_path):
+    from keras_transformer.experiment import load_settings
+    from keras_transformer.settings import SettingsError
+
+    run = runs.RunFolder(tmp_path)
+    first = load_settings(*_train_args("--output-dir", str(tmp_path), "--preset", "tiny",
+                                       "--data", "demo", "--dropout", "0.3",
+                                       "--train-steps", "50"))
+    run.write_json(runs.SETTINGS_FILE, first.to_dict())
+    again = load_settings(*_train_args("--output-dir", str(tmp_path), "--train-steps", "80"))
+    assert (again.preset, again.data, again.model, again.train_steps) == (
+        "tiny", "demo", {"dropout": 0.3}, 80)
+    with pytest.raises(SettingsError, match="--preset cannot change.*'tiny'.*'small'"):
+        load_settings(*_train_args("--output-dir", str(tmp_path), "--preset", "small"))
+    with pytest.raises(SettingsError, match="num_layers cannot change.*2.*3"):
+        load_settings(*_train_args("--output-dir", str(tmp_path), "--num-layers", "3"))
+    with pytest.raises(SettingsError, match="--vocab-size cannot change"):
+        load_settings(*_train_args("--output-dir", str(tmp_path), "--vocab-size", "999"))
+
+
+def test_tokens_per_update_do_not_depend_on_replicas_or_accumulation(shared_data, tmp_path):
+    from keras_transformer import data as kt_data
+    from keras_transformer.experiment import plan_batches
+
+    corpus = shared_data / "multi30k"
+    tokenizer = kt_data.train_tokenizer([corpus / "valid.en", corpus / "valid.de"], 500,
+                                        tmp_path / "spm.model")
+    pairs = kt_data.load_parallel_text(corpus / "valid.en", corpus / "valid.de")
+    per_update = {}
+    for replicas in (1, 2):
+        for accumulation in (1, 4):
+            plan = plan_batches(4096, grad_accum_steps=accumulation, replicas=replicas,
+                                max_length=64)
+            assert plan.tokens_per_update == 4096
+            assert plan.micro_batch_tokens * accumulation == 4096
+            assert plan.replica_tokens * replicas == plan.micro_batch_tokens
+            dataset = kt_data.make_dataset(pairs, tokenizer, training=True, repeat=True,
+                                           seed=0, max_length=64, num_replicas=replicas,
+                                           tokens_per_batch=plan.micro_batch_tokens)
+            slots = []
+            for inputs, _ in dataset.take(64 * accumulation).as_numpy_iterator():
+                source, target = inputs["source_ids"], inputs["target_ids"]
+                assert source.shape[0] % replicas == 0
+                assert max(source.size, target.size) <= plan.micro_batch_tokens
+                slots.append(target.size)
+            # Token slots per optimizer update: `accumulation` micro-batches.
+            per_update[replicas, accumulation] = np.mean(slots) * accumulation
+    values = list(per_update.values())
+    assert max(values) / min(values) < 1.15, per_update
+    assert min(values) > 0.7 * 4096, per_update
+    from keras_transformer.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="fewer than one sequence"):
+        plan_batches(512, grad_accum_steps=8, replicas=1, max_length=128)
+
+
+# --- the lifecycle, in subprocesses ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """1,000 Multi30k training pairs, 100 validation, 8 test."""
+    from conftest import SHARED_DATA, REQUIRE_SHARED_DATA
+
+    source = SHARED_DATA / "multi30k"
+    if not (source / "train.en").exists():
+        if REQUIRE_SHARED_DATA:
+            pytest.fail(f"{source} not found and KT_REQUIRE_SHARED_DATA is set")
+        pytest.skip(f"{source} not found")
+    folder = tmp_path_factory.mktemp("corpus")
+    for split, origin, count in (("train", "train", 1000), ("valid", "valid", 100),
+                                 ("test", "test", 8)):
+        for lang in ("en", "de"):
+            lines = (source / f"{origin}.{lang}").read_text(encoding="utf-8").splitlines()
+            (folder / f"{split}.{lang}").write_text("\n".join(lines[:count]) + "\n",
+                                                    encoding="utf-8")
+    return folder
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        PYTHONUNBUFFERED="1")
+
+
+def _train_command(corpus, run_dir, *extra):
+    return [sys.executable, "-m", "keras_transformer", "train", "--data", str(corpus),
+            "--preset", "tiny", "--vocab-size", "500", "--max-length", "48",
+            "--tokens-per-batch", "1024", "--checkpoint-every", "10", "--log-every", "5",
+            "--validation-bleu-sentences", "4", "--eval-sentences", "4", "--beam-size", "2",
+            "--export-dir", "", "--output-dir", str(run_dir), *extra]
+
+
+def _train(corpus, run_dir, *extra, expect=0):
+    result = subprocess.run(_train_command(corpus, run_dir, *extra), env=_env(),
+                            capture_output=True, text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == expect, output[-5000:]
+    return output
+
+
+def _log_steps(run_dir):
+    with open(run_dir / runs.LOG_FILE, newline="") as handle:
+        return [int(row["step"]) for row in csv.DictReader(handle)]
+
+
+def _results(run_dir):
+    return json.loads((run_dir / runs.RESULTS_FILE).read_text())
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_continue_complete_damaged_backup_and_fine_tuning(small_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    output = _train(small_corpus, run_dir, "--train-steps", "20")
+    assert "Starting training at update 0" in output
+    assert _results(run_dir)["final_step"] == 20
+    assert _results(run_dir)["steps_this_run"] == 20
+    first_checkpoint = (run_dir / "checkpoints" / "ckpt-20.weights.h5").read_bytes()
+
+    # A larger --train-steps continues the finished run at update 20.
+    output = _train(small_corpus, run_dir, "--train-steps", "40")
+    assert "Continuing" in output and "at update 20 (of 40)" in output, output[-3000:]
+    results = _results(run_dir)
+    assert (results["final_step"], results["steps_this_run"]) == (40, 20)
+    steps = _log_steps(run_dir)
+    assert steps == sorted(set(steps)) and steps[-1] == 40 and 20 in steps and 25 in steps
+    # Averaged (tiny: the last 3): the first invocation's update-20 checkpoint,
+    # untouched, and the continuation's; each holds the optimizer state of
+    # its update (Keras' first optimizer variable is its update count).
+    assert results["final_weights"] == ("the average of 3 checkpoints (ckpt-20.weights.h5, "
+                                        "ckpt-30.weights.h5, ckpt-40.weights.h5)")
+    assert (run_dir / "checkpoints" / "ckpt-20.weights.h5").read_bytes() == first_checkpoint
+    for step in (20, 30, 40):
+        with h5py.File(run_dir / "checkpoints" / f"ckpt-{step}.weights.h5", "r") as handle:
+            assert int(handle["optimizer/vars/0"][()]) == step
+    # The schedule continued: the row of update 25 logs the rate of the next
+    # update, the paper's formula at step 26 (d_model 128, warm-up 400), not 6.
+    with open(run_dir / runs.LOG_FILE, newline="") as handle:
+        rows = {int(r["step"]): r for r in csv.DictReader(handle)}
+    np.testing.assert_allclose(float(rows[25]["learning_rate"]),
+                               128 ** -0.5 * min(26 ** -0.5, 26 * 400 ** -1.5), rtol=1e-5)
+
+    # The same command again: complete, nothing trained.
+    output = _train(small_corpus, run_dir, "--train-steps", "40")
+    assert "is complete" in output and "Training updates" not in output, output[-3000:]
+    assert (_results(run_dir)["final_step"], _results(run_dir)["steps_this_run"]) == (40, 0)
+
+    # Truncate the newest backup: the run falls back to the newest readable
+    # state (the update-40 checkpoint), saying so, and loses no file.
+    backup = run_dir / "backup" / "state-40.weights.h5"
+    backup.write_bytes(backup.read_bytes()[:4096])
+    before = _files(run_dir)
+    # (--average-last 10: no checkpoint is pruned by the usual retention.)
+    output = _train(small_corpus, run_dir, "--train-steps", "45", "--average-last", "10")
+    assert "state-40.weights.h5 is unreadable" in output, output[-3000:]
+    assert "Falling back to" in output and "ckpt-40.weights.h5 (update 40)" in output
+    assert _results(run_dir)["final_step"] == 45
+    after = _files(run_dir)
+    damaged = pathlib.Path("backup") / "damaged" / "state-40.weights.h5"
+    assert after[damaged] == before[pathlib.Path("backup") / "state-40.weights.h5"]
+    # Every other backup and checkpoint is still there, unchanged.
+    for path, content in before.items():
+        if path.parts[0] in ("backup", "checkpoints") and path != pathlib.Path(
+                "backup/state-40.weights.h5"):
+            assert after.get(path) == content, path
+
+    # Fine-tuning a run whose vocabulary differs is refused before training.
+    from keras_transformer import data as kt_data
+
+    other = tmp_path / "other"
+    other.mkdir()
+    kt_data.train_tokenizer([small_corpus / "valid.en", small_corpus / "valid.de"], 450,
+                            other / "spm.model")
+    output = _train(small_corpus, other, "--init-from", str(run_dir), "--train-steps", "5",
+                    expect=1)
+    assert output.strip().endswith("(it takes the vocabulary of the weights it starts from)")
+    assert "its vocabulary" in output and "Training updates" not in output
+    assert "Traceback" not in output
+    assert not (other / "checkpoints").exists()
+
+    # In a new folder it takes the run's vocabulary and weights, with a
+    # fresh schedule: the learning rate of its update 5 is that of update 5.
+    tuned = tmp_path / "tuned"
+    output = _train(small_corpus, tuned, "--init-from", str(run_dir), "--train-steps", "5",
+                    "--final-weights", "last")
+    assert "Initialised from" in output
+    assert (tuned / "spm.model").read_bytes() == (run_dir / "spm.model").read_bytes()
+    with open(tuned / runs.LOG_FILE, newline="") as handle:
+        first = next(csv.DictReader(handle))
+    assert int(first["step"]) == 5
+    np.testing.assert_allclose(float(first["learning_rate"]), float(rows[5]["learning_rate"]),
+                               rtol=1e-6)
+    # Its loss starts where the trained run is, far below a fresh model's.
+    assert float(first["loss"]) < float(rows[5]["loss"]) - 0.5
+
+
+@pytest.mark.slow
+def test_kill_9_after_a_wall_clock_backup_resumes(small_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    command = _train_command(small_corpus, run_dir, "--train-steps", "60",
+                             "--checkpoint-every", "1000", "--backup-minutes", "0.005",
+                             "--validation-bleu-sentences", "0")
+    log = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen(command, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    run = runs.RunFolder(run_dir)
+    try:
+        while not any(step >= 12 for step, _ in run.backups()):
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.time() < deadline, "no backup within 10 minutes"
+            time.sleep(0.05)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        log.close()
+    killed_at = run.backups()[-1][0]
+    assert 0 < killed_at < 60 and killed_at % 1000 != 0
+    output = _train(small_corpus, run_dir, "--train-steps", "60", "--checkpoint-every",
+                    "1000", "--validation-bleu-sentences", "0")
+    assert f"at update {killed_at} (of 60)" in output, output[-3000:]
+    results = _results(run_dir)
+    assert results["final_step"] == 60 and results["steps_this_run"] == 60 - killed_at
+    steps = _log_steps(run_dir)
+    assert steps == sorted(set(steps)) and steps[-1] == 60
