@@ -554,8 +554,9 @@ def train(settings):
             logger.info(f"Starting training at update 0: {s.train_steps} updates")
         train_ds, valid_ds, tokens_per_update, valid_pairs = make_datasets(
             s, tokenizer, paths, plan, start_update=start)
-        n = s.validation_bleu_sentences
-        bleu_sample = ([p[0] for p in valid_pairs[:n]], [p[1] for p in valid_pairs[:n]])
+        sample = [valid_pairs[i] for i in range(min(s.validation_bleu_sentences,
+                                                    len(valid_pairs)))]
+        bleu_sample = ([source for source, _ in sample], [target for _, target in sample])
         translator = Translator(model, tokenizer, max_extra_length=s.max_extra_length)
         report = fit(model, run, s, train_ds, valid_ds, start_update=start,
                      tokens_per_update=tokens_per_update, translator=translator,

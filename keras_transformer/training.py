@@ -290,17 +290,21 @@ def peak_memory_mib():
 
 
 def plot_training(log_csv, output_png):
-    """Writes a PNG of training/validation loss and the learning rate against steps.
+    """Writes a PNG of the loss, the validation BLEU and the learning rate against updates.
 
     Args:
-        log_csv: the `CSVLogger` file of a run (columns `loss`, `val_loss`,
-            and `learning_rate`, `step` from `LearningRateLogger`).
+        log_csv: a run's `training_log.csv` (`keras_transformer.run_callbacks
+            .TrainingLog`: `step`, `loss`, `learning_rate` on every row;
+            `val_loss`, `val_bleu` on the rows where validation ran). Logs
+            of `keras.callbacks.CSVLogger` with `LearningRateLogger` columns
+            work too.
         output_png: the figure's path.
 
     Returns:
         `output_png`, or `None` when the log has no rows.
     """
     import csv
+    import math
 
     import matplotlib
 
@@ -312,22 +316,32 @@ def plot_training(log_csv, output_png):
     if not rows:
         return None
 
-    def column(name):
-        return [float(r[name]) if r.get(name) not in (None, "") else float("nan")
-                for r in rows]
+    steps = [float(r["step"]) if r.get("step") else float(i + 1) for i, r in enumerate(rows)]
 
-    steps = column("step") if "step" in rows[0] else list(range(1, len(rows) + 1))
-    figure, (loss_axis, lr_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    loss_axis.plot(steps, column("loss"), marker="o", label="training loss")
-    if "val_loss" in rows[0]:
-        loss_axis.plot(steps, column("val_loss"), marker="o", label="validation loss")
-    loss_axis.set_xlabel("update step")
+    def series(name):
+        """(steps, values) of the rows that have a value in column `name`."""
+        points = [(x, float(r[name])) for x, r in zip(steps, rows)
+                  if r.get(name) not in (None, "") and math.isfinite(float(r[name]))]
+        return [x for x, _ in points], [y for _, y in points]
+
+    has_bleu = bool(series("val_bleu")[0])
+    figure, axes = plt.subplots(1, 3 if has_bleu else 2, figsize=(16 if has_bleu else 11, 4))
+    loss_axis, lr_axis = axes[0], axes[-1]
+    loss_axis.plot(*series("loss"), label="training loss")
+    if series("val_loss")[0]:
+        loss_axis.plot(*series("val_loss"), marker="o", label="validation loss")
+    loss_axis.set_xlabel("update")
     loss_axis.set_ylabel("label-smoothed cross-entropy per token")
     loss_axis.grid(alpha=0.3)
     loss_axis.legend()
-    if "learning_rate" in rows[0]:
-        lr_axis.plot(steps, column("learning_rate"), marker="o", color="tab:green")
-    lr_axis.set_xlabel("update step")
+    if has_bleu:
+        axes[1].plot(*series("val_bleu"), marker="o", color="tab:red")
+        axes[1].set_xlabel("update")
+        axes[1].set_ylabel("validation BLEU (greedy, sample)")
+        axes[1].grid(alpha=0.3)
+    if series("learning_rate")[0]:
+        lr_axis.plot(*series("learning_rate"), color="tab:green")
+    lr_axis.set_xlabel("update")
     lr_axis.set_ylabel("learning rate")
     lr_axis.grid(alpha=0.3)
     figure.tight_layout()
