@@ -148,8 +148,11 @@ def prepare_tokenizer(settings, run, paths):
         return tokenizer
     start = time.time()
     run.root.mkdir(parents=True, exist_ok=True)
-    tokenizer = kt_data.train_tokenizer(list(paths["train"]), settings.vocab_size,
-                                        run.tokenizer_file)
+    try:
+        tokenizer = kt_data.train_tokenizer(list(paths["train"]), settings.vocab_size,
+                                            run.tokenizer_file)
+    except ValueError as error:  # e.g. a vocabulary too large or small for the data
+        raise SettingsError(f"--vocab-size {settings.vocab_size}: {error}") from None
     logger.info(f"Trained the shared tokenizer {run.tokenizer_file} (vocabulary "
                 f"{tokenizer.vocabulary_size()}) in {time.time() - start:.1f} s")
     return tokenizer

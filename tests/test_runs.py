@@ -375,3 +375,37 @@ def test_kill_9_after_a_wall_clock_backup_resumes(small_corpus, tmp_path):
     assert results["final_step"] == 60 and results["steps_this_run"] == 60 - killed_at
     steps = _log_steps(run_dir)
     assert steps == sorted(set(steps)) and steps[-1] == 60
+
+
+@pytest.mark.parametrize("problem", ["missing_folder", "misaligned", "config", "init_from",
+                                     "vocabulary"])
+def test_train_errors_are_one_line_without_tensorflow_noise(tmp_path, problem):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.en").write_text("A dog runs.\nA cat sits.\n" * 20)
+        (corpus / f"{split}.de").write_text("Ein Hund rennt.\nEine Katze sitzt.\n" * 20)
+    extra, expected = [], None
+    if problem == "missing_folder":
+        corpus = tmp_path / "nowhere"
+        expected = "nowhere must hold train/valid/test"
+    elif problem == "misaligned":
+        (corpus / "train.de").write_text("Ein Hund rennt.\n" * 39)
+        expected = "train.de"
+    elif problem == "config":
+        (tmp_path / "bad.toml").write_text("[training]\nwarmup = 10\n")
+        extra, expected = ["--config", str(tmp_path / "bad.toml")], "unknown setting 'warmup'"
+    elif problem == "init_from":
+        extra, expected = ["--init-from", str(tmp_path / "no_run")], "no_run does not exist"
+    else:
+        extra, expected = ["--vocab-size", "60"], "--vocab-size 60: SentencePiece training"
+    env = _env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as in a user's shell
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformer", "train", "--data", str(corpus),
+         "--preset", "tiny", "--vocab-size", "300", "--verbose", "0", "--output-dir",
+         str(tmp_path / "run"), *extra], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("keras-transformer train: error: ") and expected in lines[0]

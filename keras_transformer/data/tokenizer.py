@@ -22,9 +22,11 @@ Training options, chosen so that `detokenize(tokenize(s)) == s`:
   emoji, CJK) survive the round trip.
 """
 
+import contextlib
 import hashlib
 import io
 import os
+import sys
 import pathlib
 
 import sentencepiece
@@ -40,6 +42,25 @@ _SPECIAL_IDS = {
     name: getattr(TransformerConfig, name)
     for name in ("pad_id", "bos_id", "eos_id", "unk_id")
 }
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Sends file descriptor 2 to /dev/null for a moment.
+
+    tf-text's bundled SentencePiece logs `LOG(INFO) precompiled_charsmap is
+    empty` from C++ whenever it loads a model with identity normalization
+    (ours), and offers no switch for it.
+    """
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 class _SharedModelResource(_tf_text_sentencepiece._SentencepieceModelResource):
@@ -124,7 +145,7 @@ class Tokenizer(tf.Module):
         self._model_file = None if model_file is None else str(model_file)
         self._vocabulary_size = processor.GetPieceSize()
         self._processor = processor
-        with self.name_scope:
+        with self.name_scope, _quiet_native_stderr():
             self._sentencepiece = tensorflow_text.SentencepieceTokenizer(
                 model=model_proto, out_type=tf.int32
             )
