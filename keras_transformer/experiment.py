@@ -337,8 +337,6 @@ def restore(model, run, settings, strategy=None):
     Returns:
         The optimizer update count training continues from (0 for a new run).
     """
-    from keras_transformer.training import optimizer_updates
-
     update, path = run.latest_state()
     if path is None:
         run.roll_back_to(0)
@@ -358,10 +356,7 @@ def restore(model, run, settings, strategy=None):
         return 0
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     with scope:
-        # The optimizer's variables must exist for load_weights to fill them.
-        model.optimizer.build(model.trainable_variables)
-        model.load_weights(str(path))
-    restored = optimizer_updates(model.optimizer)
+        restored = runs.load_state(model, path, update)
     if restored != update:
         raise runs.RunError(f"{path} holds the optimizer state of update {restored}, "
                             f"not {update}; the file was renamed or is not this run's")

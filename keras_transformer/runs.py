@@ -39,6 +39,8 @@ import os
 import pathlib
 import re
 
+import numpy as np
+
 SETTINGS_FILE = "settings.json"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "spm.model"
@@ -445,3 +447,53 @@ def load_model_weights(model, path):
             from None
     model.set_weights(source.get_weights())
     return model
+
+
+def load_state(model, path, update):
+    """Loads a state file (weights + optimizer) into a compiled model; returns its update.
+
+    Keras loads the optimizer's variables by position and silently skips them
+    when their number differs, which happens when `grad_accum_steps` changed
+    between the run that saved the state and this one (accumulation adds one
+    gradient accumulator per weight). Then Adam's moments and velocities (the
+    last variables) are copied by role, the micro-batch counter (the first)
+    is set to `update` times this run's accumulation steps, and the
+    accumulators start at zero, as they do at every update.
+
+    Args:
+        model: the compiled model.
+        path: a state file of `update` (a backup or checkpoint).
+        update: the optimizer update the file holds (from its name).
+
+    Raises:
+        RunError: the file's optimizer state does not fit this optimizer.
+    """
+    import warnings
+
+    import h5py
+
+    optimizer = model.optimizer
+    optimizer.build(model.trainable_variables)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.load_weights(str(path))
+    skipped = any("Skipping variable loading for optimizer" in str(w.message) for w in caught)
+    if skipped:
+        with h5py.File(path, "r") as handle:
+            group = handle["optimizer/vars"] if "optimizer/vars" in handle else {}
+            saved = [group[str(i)][()] for i in range(len(group))]
+        current = optimizer.variables
+        moments = 2 * len(model.trainable_variables)
+        fits = (len(saved) > moments and len(current) > moments
+                and current[0].path.endswith("iteration")
+                and all(tuple(v.shape) == a.shape
+                        for v, a in zip(current[-moments:], saved[-moments:])))
+        if not fits:
+            raise RunError(f"{path}: its optimizer state ({len(saved)} variables) does not "
+                           f"fit this run's optimizer ({len(current)} variables)")
+        current[0].assign(update * (optimizer.gradient_accumulation_steps or 1))
+        for variable, value in zip(current[-moments:], saved[-moments:]):
+            variable.assign(value)
+        for variable in current[1:-moments]:
+            variable.assign(np.zeros(variable.shape, variable.dtype))
+    return int(np.asarray(optimizer.iterations))

@@ -409,3 +409,36 @@ def test_train_errors_are_one_line_without_tensorflow_noise(tmp_path, problem):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("keras-transformer train: error: ") and expected in lines[0]
+
+
+def test_state_loads_across_a_change_of_gradient_accumulation(tiny_config, tmp_path):
+    """A run continued with another --grad-accum-steps keeps its update count and moments."""
+    import keras
+
+    from keras_transformer import build_model
+    from keras_transformer.training import compile_model
+
+    def compiled(accumulation):
+        model = build_model(tiny_config)
+        compile_model(model, gradient_accumulation_steps=accumulation)
+        model.optimizer.build(model.trainable_variables)
+        return model
+
+    one = compiled(1)
+    one.optimizer.iterations.assign(7)
+    for i, variable in enumerate(one.optimizer.variables[1:]):
+        variable.assign(np.full(variable.shape, 0.001 * (i + 1), "float32"))
+    one.save_weights(tmp_path / "state-7.weights.h5")
+    four = compiled(4)
+    assert len(four.optimizer.variables) > len(one.optimizer.variables)
+    assert runs.load_state(four, tmp_path / "state-7.weights.h5", 7) == 7
+    moments = 2 * len(four.trainable_variables)
+    for mine, theirs in zip(four.optimizer.variables[-moments:],
+                            one.optimizer.variables[-moments:]):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine),
+                                      keras.ops.convert_to_numpy(theirs))
+    for accumulator in four.optimizer.variables[1:-moments]:
+        assert not np.any(keras.ops.convert_to_numpy(accumulator))
+    # And back: 4 -> 1.
+    four.save_weights(tmp_path / "state-7b.weights.h5")
+    assert runs.load_state(compiled(1), tmp_path / "state-7b.weights.h5", 7) == 7
