@@ -513,12 +513,12 @@ def train(settings):
 
     s = settings
     run = runs.RunFolder(s.output_dir)
-    run.root.mkdir(parents=True, exist_ok=True)
     keras.utils.set_random_seed(s.seed)
     logger.info(f"Keras {keras.__version__}, backend {keras.backend.backend()}; "
                 f"run folder {run.root}")
 
-    paths = prepare_data(s, run)
+    paths = prepare_data(s, run)  # checked before the run folder is created
+    run.root.mkdir(parents=True, exist_ok=True)
     tokenizer = prepare_tokenizer(s, run, paths)
     run.write_json(runs.SETTINGS_FILE, s.to_dict())
     config = s.model_config(vocab_size=tokenizer.vocabulary_size())
