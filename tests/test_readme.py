@@ -1,0 +1,218 @@
+"""The README's commands against the real command line (fast: no training, no Keras).
+
+- every `--flag` the README passes to a command is an option of that
+  sub-command (`keras-transformer <cmd>`, `python -m keras_transformer <cmd>`,
+  `python examples/wmt_ende.py` = train, `python examples/evaluate_run.py` =
+  evaluate), in fenced code blocks (continuation lines ending in `\\`
+  included) and in inline code spans; so is every flag of the settings table;
+- no option of any sub-command is missing from the README;
+- the settings table between its markers is `settings.markdown_table()`.
+
+`readme_problems(text)` returns the problems as sentences naming the flag
+and the command; the tests run it on the real README and on doctored copies.
+"""
+
+import argparse
+import pathlib
+import re
+
+import pytest
+
+from keras_transformer.commands import PROG, build_parser
+from keras_transformer.settings import markdown_table
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+TABLE_START = "<!-- settings-table:start -->"
+TABLE_END = "<!-- settings-table:end -->"
+
+# How a command is invoked -> the sub-command it runs (None: the next word).
+_INVOCATIONS = (
+    (r"(?<![\w/.-])keras-transformer(?=\s|$)", None),
+    (r"python3? -m keras_transformer(?=\s|$)", None),
+    (r"python3? (?:\./)?examples/wmt_ende\.py(?=\s|$)", "train"),
+    (r"python3? (?:\./)?examples/evaluate_run\.py(?=\s|$)", "evaluate"),
+)
+_INVOCATION = re.compile("|".join(f"({pattern})" for pattern, _ in _INVOCATIONS))
+# Where a shell command ends: a pipe, a list operator or a comment.
+_COMMAND_END = re.compile(r"\|\|?|&&|;|(?:^|\s)#")
+# What may come before a program for it to be a command, not a word of prose
+# in a code block: nothing, or a command separator (or prompt), then
+# environment assignments (`KERAS_BACKEND=jax`, `TF_CONFIG='{...}'`).
+_COMMAND_START = re.compile(
+    r"(?:.*(?:\|\|?|&&|;|\$|\())?\s*(?:[A-Za-z_]\w*=(?:'[^']*'|\"[^\"]*\"|\S*)\s+)*")
+_FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9-]*")
+_FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.DOTALL)
+
+
+def command_options(parser=None):
+    """`{sub-command: set of its option strings starting with --}`, `--help` excluded."""
+    parser = parser or build_parser()
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(subparsers) == 1, "expected one set of sub-commands"
+    return {name: {option for action in sub._actions for option in action.option_strings
+                   if option.startswith("--") and option != "--help"}
+            for name, sub in subparsers[0].choices.items()}
+
+
+def settings_table(text):
+    """The text between the settings-table markers, or None without both markers."""
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        return None
+    return text[start + len(TABLE_START):end].strip("\n")
+
+
+def _code_snippets(text):
+    """Shell text of fenced code blocks (one logical line each) and inline code spans."""
+    snippets = []
+    for match in _FENCE.finditer(text):
+        snippets.extend(re.sub(r"\\[ \t]*\n", " ", match.group(2)).splitlines())
+    prose = _FENCE.sub("", text)
+    for match in _INLINE_CODE.finditer(prose):
+        snippets.append(" ".join(match.group(2).split()))
+    return snippets
+
+
+def invocations(text):
+    """`(sub-command, flags, snippet)` of every command invocation in code.
+
+    `sub-command` is the word after `keras-transformer` (or
+    `python -m keras_transformer`), or the one a wrapper script runs; it is
+    None when no word follows (a mention of the program, not a command).
+    """
+    found = []
+    for snippet in _code_snippets(text):
+        for match in _INVOCATION.finditer(snippet):
+            if not _COMMAND_START.fullmatch(snippet[:match.start()]):
+                continue
+            rest = snippet[match.end():]
+            end = _COMMAND_END.search(rest)
+            rest = rest[:end.start()] if end else rest
+            fixed = next(command for (_, command), group in zip(_INVOCATIONS, match.groups())
+                         if group is not None)
+            words = rest.split()
+            if fixed is None:
+                command = words[0] if words and not words[0].startswith("-") else None
+                words = words[1:] if command else words
+            else:
+                command = fixed
+            flags = [flag for word in words for flag in _FLAG.findall(word.split("=")[0])
+                     if word.startswith("--")]
+            found.append((command, flags, snippet.strip()))
+    return found
+
+
+def readme_problems(text, options=None, table=None):
+    """What is wrong with README text, as sentences naming the flag and the command.
+
+    Args:
+        text: the README's text.
+        options: `command_options()`, computed when None.
+        table: the expected settings table, `markdown_table()` when None.
+
+    Returns:
+        A list of problems; empty when the README is right.
+    """
+    options = command_options() if options is None else options
+    table = markdown_table() if table is None else table
+    problems = []
+    for command, flags, snippet in invocations(text):
+        if command is None or command.startswith("<"):  # no command, or a placeholder
+            continue
+        if command not in options:
+            problems.append(f"`{PROG} {command}` is not a command ({', '.join(options)}): "
+                            f"{snippet!r}")
+            continue
+        for flag in flags:
+            if flag != "--help" and flag not in options[command]:
+                problems.append(f"{flag} is not an option of `{PROG} {command}`: {snippet!r}")
+    pasted = settings_table(text)
+    if pasted is None:
+        problems.append(f"the settings table markers {TABLE_START} / {TABLE_END} are missing")
+    else:
+        for flag in sorted(set(_FLAG.findall(pasted))):
+            if flag not in options.get("train", ()):
+                problems.append(f"{flag} (settings table) is not an option of "
+                                f"`{PROG} train`")
+        if pasted != table:
+            problems.append("the settings table differs from settings.markdown_table(); "
+                            "paste the output of python -c \"from keras_transformer.settings "
+                            "import markdown_table; print(markdown_table())\"")
+    for command, names in sorted(options.items()):
+        for flag in sorted(names):
+            if not re.search(re.escape(flag) + r"(?![\w-])", text):
+                problems.append(f"the README omits {flag} of `{PROG} {command}`")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def readme():
+    return README.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def options():
+    return command_options()
+
+
+def test_readme_flags_exist_none_is_omitted_and_the_table_is_current(readme, options):
+    problems = readme_problems(readme, options)
+    assert not problems, "README.md:\n" + "\n".join(problems)
+
+
+def test_readme_invokes_every_command(readme, options):
+    used = {command for command, _, _ in invocations(readme)}
+    assert set(options) <= used, f"commands never shown: {sorted(set(options) - used)}"
+
+
+def test_quick_start_is_the_two_commands(readme):
+    assert "pip install -e . && keras-transformer train --data demo --preset tiny" in readme
+    assert 'pip install -e ".[test]" && bash tests/run_all_backends.sh' in readme
+
+
+@pytest.mark.parametrize("path", ["docs/serving.md", "saved_models/README.md"])
+def test_other_docs_use_existing_flags(path, options):
+    text = (REPO / path).read_text(encoding="utf-8")
+    problems = [p for p in readme_problems(text, options, table=settings_table(text) or "")
+                if "omits" not in p and "settings table" not in p]
+    assert not problems, f"{path}:\n" + "\n".join(problems)
+
+
+def test_a_bogus_flag_is_reported_with_its_command(readme, options):
+    doctored = readme.replace("keras-transformer export --run runs/demo_tiny --weights best",
+                              "keras-transformer export --run runs/demo_tiny --weights best "
+                              "--no-such-flag", 1)
+    assert doctored != readme
+    problems = readme_problems(doctored, options)
+    assert len(problems) == 1, problems
+    assert "--no-such-flag" in problems[0] and f"`{PROG} export`" in problems[0]
+
+
+def test_a_flag_on_a_continuation_line_or_inline_is_checked(options):
+    text = (f"{TABLE_START}\n{markdown_table()}\n{TABLE_END}\n"
+            "```bash\nkeras-transformer evaluate --run r --data d \\\n"
+            "    --beam-sizes 4 1 --bogus-one\n```\n"
+            "and inline `python examples/wmt_ende.py --data demo --bogus-two` or "
+            "`python -m keras_transformer average --run r\n--bogus-three`.\n")
+    problems = [p for p in readme_problems(text, options) if "omits" not in p]
+    assert len(problems) == 3, problems
+    assert "--bogus-one is not an option of `keras-transformer evaluate`" in problems[0]
+    assert "--bogus-two is not an option of `keras-transformer train`" in problems[1]
+    assert "--bogus-three is not an option of `keras-transformer average`" in problems[2]
+
+
+def test_an_omitted_flag_is_reported(readme, options):
+    doctored = re.sub(r"--max-source-length(?![\w-])", "", readme)
+    problems = readme_problems(doctored, options)
+    assert problems == [f"the README omits --max-source-length of `{PROG} export`"]
+
+
+def test_a_drifted_settings_table_is_reported(readme, options):
+    doctored = readme.replace("| `--seed` | `[run] seed` | 0 |", "| `--seed` | `[run] seed` | 1 |")
+    assert doctored != readme
+    problems = readme_problems(doctored, options)
+    assert len(problems) == 1 and "settings table differs" in problems[0], problems
+    no_markers = readme.replace(TABLE_START, "")
+    assert any("markers" in p for p in readme_problems(no_markers, options))
