@@ -29,7 +29,7 @@ import pathlib
 import tomllib
 from typing import Optional
 
-from keras_transformer.config import PRESETS, TransformerConfig
+from keras_transformer.config import TransformerConfig
 
 SECTIONS = ("run", "data", "model", "training", "decoding", "export")
 
@@ -405,13 +405,11 @@ def markdown_table():
             default = "-"
         elif default == "":
             default = "''"
+        meaning = f.metadata["help"].replace("<", "&lt;").replace(">", "&gt;")
         lines.append(f"| `{_flag(f.name)}` | `[{f.metadata['section']}] {f.name}` | "
-                     f"{default} | {f.metadata['help']} |")
+                     f"{default} | {meaning} |")
     lines.append("| `--<model field>` | `[model] <field>` | preset | any TransformerConfig "
                  f"field: {', '.join(f'`{_flag(m.name)}`' for m in model_fields())} |")
     lines.append("| `--config FILE` | | | a TOML file of the settings above |")
     return "\n".join(lines)
 
-
-def preset_names():
-    return sorted(PRESETS)

@@ -37,6 +37,8 @@ def shared_data():
 # module file names; BACKEND_DEPENDENT_EXCEPTIONS names the tests of those
 # modules that do use the current backend (they always run).
 BACKEND_INDEPENDENT_MODULES = {
+    # README text against the argparse parsers and settings.markdown_table().
+    "test_readme.py",
     # Pure-Python demo corpus generator (its CLI subprocess writes text only).
     "test_data_demo.py",
     # Text readers, gzip/encoding handling and TFDS loading: Python and tf.data.

@@ -42,9 +42,15 @@ def _user_errors():
 def main(argv=None, prog=PROG):
     """Runs one sub-command; returns the exit status (1 for a user error)."""
     parser = build_parser()
-    parser.prog = prog
-    args = parser.parse_args(argv)
-    if prog != PROG:  # a wrapper of one sub-command, e.g. examples/wmt_ende.py
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if prog == PROG:
+        args = parser.parse_args(argv)
+    else:  # a script wrapping one sub-command, e.g. examples/wmt_ende.py
+        subcommands = next(a for a in parser._actions
+                           if isinstance(a, argparse._SubParsersAction))
+        command = subcommands.choices[argv[0]]
+        command.prog = prog
+        args = command.parse_args(argv[1:])
         args.command = ""
     quiet_tensorflow(verbose=getattr(args, "verbose", 1) == 2)
     try:
