@@ -198,42 +198,9 @@ class Translator:
         ...     ["The cat sat."], return_attention=True)
         >>> plot_attention(attention[0], "cat.png", kind="cross")
         """
-        if isinstance(sentences, (str, bytes)):
-            raise TypeError("translate expects a list of strings; wrap one sentence "
-                            "in a list: translate([sentence])")
-        if not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
-        sentences = [s.decode("utf-8") if isinstance(s, bytes) else str(s)
-                     for s in sentences]
-        translations = [""] * len(sentences)
-        attentions = [None] * len(sentences)
-        todo = [i for i, s in enumerate(sentences) if s.strip()]
-        source_ids = dict(zip(todo, self.encode([sentences[i] for i in todo])))
-        # Longest first: the largest shape compiles first and memory peaks early.
-        order = sorted(todo, key=lambda i: len(source_ids[i]), reverse=True)
-        bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
-        skipped = len(sentences) - len(todo)
-
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
-            source = self._batch_array([source_ids[i] for i in batch])
-            tokens = self._decode(source, beam_size, alpha)
-            outputs = [self._strip(tokens[row]) for row in range(len(batch))]
-            texts = _to_strings(self.tokenizer.detokenize(outputs))
-            for i, text in zip(batch, texts):
-                translations[i] = text
-            if return_attention:
-                ended = [tokens[row].tolist().count(self.model.config.eos_id) > 0
-                         for row in range(len(batch))]
-                targets = [out + [self.model.config.eos_id] if end else out
-                           for out, end in zip(outputs, ended)]
-                records = self.attention_weights([source_ids[i] for i in batch], targets)
-                for i, record in zip(batch, records):
-                    attentions[i] = record
-            if bar is not None:
-                bar.update(min(start + len(batch), len(todo)) + skipped)
-        if bar is not None and not order:
-            bar.update(len(sentences))
+        translations, _, attentions = self._translate(
+            sentences, beam_size, alpha, progress, with_scores=False,
+            return_attention=return_attention, caller="translate")
         return (translations, attentions) if return_attention else translations
 
     def translate_with_scores(self, sentences, *, beam_size=4, alpha=0.6, progress=False):
@@ -265,36 +232,63 @@ class Translator:
         >>> scores[0] < 0
         True
         """
-        if isinstance(sentences, (str, bytes)):
-            raise TypeError("translate_with_scores expects a list of strings; wrap one "
-                            "sentence in a list: translate_with_scores([sentence])")
-        if not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, received alpha={alpha!r}")
+        translations, scores, _ = self._translate(
+            sentences, beam_size, alpha, progress, with_scores=True, return_attention=False,
+            caller="translate_with_scores")
+        return translations, scores
+
+    def _translate(self, sentences, beam_size, alpha, progress, *, with_scores,
+                   return_attention, caller):
+        """The batching loop of `translate` and `translate_with_scores`.
+
+        Returns `(translations, scores or None, attentions or None)`.
+        """
+        if isinstance(sentences, (str, bytes)):
+            raise TypeError(f"{caller} expects a list of strings; wrap one sentence "
+                            f"in a list: {caller}([sentence])")
+        if not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
         sentences = [s.decode("utf-8") if isinstance(s, bytes) else str(s)
                      for s in sentences]
         translations = [""] * len(sentences)
         scores = [0.0] * len(sentences)
+        attentions = [None] * len(sentences)
         todo = [i for i, s in enumerate(sentences) if s.strip()]
         source_ids = dict(zip(todo, self.encode([sentences[i] for i in todo])))
+        # Longest first: the largest shape compiles first and memory peaks early.
         order = sorted(todo, key=lambda i: len(source_ids[i]), reverse=True)
         bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
         skipped = len(sentences) - len(todo)
+
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
             source = self._batch_array([source_ids[i] for i in batch])
-            tokens, batch_scores = self._decode_with_scores(source, beam_size, alpha)
+            if with_scores:
+                tokens, batch_scores = self._decode_with_scores(source, beam_size, alpha)
+                for row, i in enumerate(batch):
+                    scores[i] = float(batch_scores[row])
+            else:
+                tokens = self._decode(source, beam_size, alpha)
             outputs = [self._strip(tokens[row]) for row in range(len(batch))]
             texts = _to_strings(self.tokenizer.detokenize(outputs))
-            for row, (i, text) in enumerate(zip(batch, texts)):
+            for i, text in zip(batch, texts):
                 translations[i] = text
-                scores[i] = float(batch_scores[row])
+            if return_attention:
+                ended = [tokens[row].tolist().count(self.model.config.eos_id) > 0
+                         for row in range(len(batch))]
+                targets = [out + [self.model.config.eos_id] if end else out
+                           for out, end in zip(outputs, ended)]
+                records = self.attention_weights([source_ids[i] for i in batch], targets)
+                for i, record in zip(batch, records):
+                    attentions[i] = record
             if bar is not None:
                 bar.update(min(start + len(batch), len(todo)) + skipped)
         if bar is not None and not order:
             bar.update(len(sentences))
-        return translations, scores
+        return (translations, scores if with_scores else None,
+                attentions if return_attention else None)
 
     def _decode_with_scores(self, source, beam_size, alpha):
         """NumPy `(tokens, scores)`: scores `log P(Y) / lp(|Y|, alpha)`, EOS counted."""
