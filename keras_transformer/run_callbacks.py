@@ -236,10 +236,11 @@ class TrainingLog(keras.callbacks.Callback):
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             self._writer = EventFileWriter(str(self.run / runs.TENSORBOARD_DIR))
-            # A restart at this update: TensorBoard drops the older points
-            # after it (the abandoned trajectory), so the curve stays one line.
+            # A restart after this update: TensorBoard drops the points of
+            # steps >= the START event's (an abandoned trajectory's), so the
+            # curve stays one line; rows up to this update are kept.
             self._writer.add_event(event_pb2.Event(
-                wall_time=time.time(), step=self.clock.update,
+                wall_time=time.time(), step=self.clock.update + 1,
                 session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
     def _previous_elapsed(self):

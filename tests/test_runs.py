@@ -375,6 +375,14 @@ def test_kill_9_after_a_wall_clock_backup_resumes(small_corpus, tmp_path):
     assert results["final_step"] == 60 and results["steps_this_run"] == 60 - killed_at
     steps = _log_steps(run_dir)
     assert steps == sorted(set(steps)) and steps[-1] == 60
+    # TensorBoard drops the points the killed process logged after its backup
+    # (the restart's SessionLog.START purges them): one curve, each step once.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), purge_orphaned_data=True)
+    events.Reload()
+    board_steps = [event.step for event in events.Scalars("loss")]
+    assert board_steps == steps, (board_steps, steps)
 
 
 @pytest.mark.parametrize("problem", ["missing_folder", "misaligned", "config", "init_from",
