@@ -164,13 +164,7 @@ class TransformerConfig:
             raise ValueError(
                 f"Unknown preset {name!r}; available presets: {sorted(PRESETS)}"
             )
-        fields = cls._init_field_names()
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise ValueError(
-                f"Unknown TransformerConfig field(s) {unknown}; "
-                f"valid fields: {sorted(fields)}"
-            )
+        cls._check_field_names(overrides)
         values = dict(PRESETS[name])
         values.update(overrides)
         return cls(**values)
@@ -186,13 +180,7 @@ class TransformerConfig:
         derived again from the new d_model/num_heads/key_dim; one that was
         given explicitly keeps its value unless `changes` names it.
         """
-        fields = self._init_field_names()
-        unknown = sorted(set(changes) - fields)
-        if unknown:
-            raise ValueError(
-                f"Unknown TransformerConfig field(s) {unknown}; "
-                f"valid fields: {sorted(fields)}"
-            )
+        self._check_field_names(changes)
         values = self.to_dict()
         for name in self._derived:
             if name not in changes:
@@ -209,6 +197,16 @@ class TransformerConfig:
     @classmethod
     def _init_field_names(cls) -> set:
         return {f.name for f in dataclasses.fields(cls) if f.init}
+
+    @classmethod
+    def _check_field_names(cls, names):
+        fields = cls._init_field_names()
+        unknown = sorted(set(names) - fields)
+        if unknown:
+            raise ValueError(
+                f"Unknown TransformerConfig field(s) {unknown}; "
+                f"valid fields: {sorted(fields)}"
+            )
 
     @classmethod
     def from_dict(cls, values: dict) -> "TransformerConfig":

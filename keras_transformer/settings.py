@@ -374,24 +374,17 @@ def resolve(given=None, given_model=None, config_file=None, saved=None):
 
 def check_unchanged(saved, new):
     """Raises `SettingsError` when `new` changes what a run cannot change midway."""
-    for name in FIXED_SETTINGS:
-        old_value, new_value = getattr(saved, name), getattr(new, name)
+    old_config, new_config = saved.model_config(), new.model_config()
+    changes = [(_flag(name), getattr(saved, name), getattr(new, name))
+               for name in FIXED_SETTINGS]
+    changes += [(f"model setting {name}", getattr(old_config, name), getattr(new_config, name))
+                for name in ARCHITECTURE_FIELDS]
+    for label, old_value, new_value in changes:
         if old_value != new_value:
             raise SettingsError(
-                f"{_flag(name)} cannot change in the middle of a run: {saved.output_dir} "
-                f"was trained with {old_value!r}, this command asks for {new_value!r}. "
-                "Use another --output-dir (with --init-from to start from this run's "
-                "weights)")
-    old_config = saved.model_config()
-    new_config = new.model_config()
-    for name in ARCHITECTURE_FIELDS:
-        old_value, new_value = getattr(old_config, name), getattr(new_config, name)
-        if old_value != new_value:
-            raise SettingsError(
-                f"model setting {name} cannot change in the middle of a run: "
-                f"{saved.output_dir} has {old_value!r}, this command asks for {new_value!r}. "
-                "Use another --output-dir (with --init-from to start from this run's "
-                "weights)")
+                f"{label} cannot change in the middle of a run: {saved.output_dir} was "
+                f"trained with {old_value!r}, this command asks for {new_value!r}. Use "
+                "another --output-dir (with --init-from to start from this run's weights)")
 
 
 def markdown_table():

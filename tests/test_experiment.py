@@ -112,7 +112,6 @@ def _fake_run(shared_data, run_dir):
 
 
 def test_evaluate_run_scores_each_weights_file(shared_data, tmp_path):
-    import keras
     import sacrebleu
 
     import keras_transformer as kt

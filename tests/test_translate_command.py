@@ -24,21 +24,11 @@ from keras_transformer.commands.translate import (
     translate_batches,
 )
 from keras_transformer.translate import Translator
-from test_export import ALPHA, BEAM_SIZE, exported
+from test_export import ALPHA, BEAM_SIZE, export, loaded  # noqa: F401 (fixtures)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 pty = pytest.importorskip("pty")  # pseudo-terminals: POSIX only
 termios = pytest.importorskip("termios")
-
-
-@pytest.fixture(scope="module")
-def export(tmp_path_factory):
-    return exported(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def loaded(export):
-    return tf.saved_model.load(str(export["path"]))
 
 
 def _env():
