@@ -62,6 +62,8 @@ SKIP_BACKEND_INDEPENDENT = os.environ.get("KT_SKIP_BACKEND_INDEPENDENT", "") not
 def _is_backend_independent(item):
     module = item.path.name
     name = getattr(item, "originalname", None) or item.name
+    if item.get_closest_marker("backend_independent") is not None:
+        return True  # marked in the test module itself
     return (module in BACKEND_INDEPENDENT_MODULES
             and f"{module}::{name}" not in BACKEND_DEPENDENT_EXCEPTIONS)
 

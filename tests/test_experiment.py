@@ -37,11 +37,11 @@ def test_example_script_keeps_its_flags_and_exports_under_the_run_name(tmp_path)
     command = [sys.executable, str(REPO / "examples" / "wmt_ende.py"), "--data", "demo",
                "--preset", "tiny", "--train-steps", "12", "--checkpoint-every", "6",
                "--average-last", "2", "--tokens-per-batch", "512", "--vocab-size", "1000",
-               "--max-length", "64", "--grad-accum-steps", "1", "--mixed-precision", "none",
+               "--max-length", "16", "--grad-accum-steps", "1", "--mixed-precision", "none",
                "--distribute", "none", "--seed", "3", "--beam-size", "2", "--alpha", "0.6",
                "--eval-sentences", "4", "--jit-compile", "auto", "--verbose", "1",
                "--output-dir", str(output_dir), "--export-dir", str(tmp_path / "served"),
-               "--model-name", "demo_model"]
+               "--model-name", "demo_model", "--validation-bleu-sentences", "8"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900,
                             cwd=tmp_path)
     output = result.stdout + result.stderr
@@ -74,7 +74,6 @@ def test_example_script_keeps_its_flags_and_exports_under_the_run_name(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "keras_transformer", "export", "--run", str(output_dir),
          "--export-dir", str(tmp_path / "served"), "--batch-buckets", "1",
-         "--max-source-length", "16",
          "--length-buckets", "16", "--quiet"],
         env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

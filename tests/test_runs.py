@@ -31,6 +31,7 @@ def _weights_file(path, value=1.0):
     return path
 
 
+@pytest.mark.backend_independent
 def test_latest_state_prefers_the_newest_readable_file_and_sets_damaged_ones_aside(tmp_path):
     run = runs.RunFolder(tmp_path)
     run.checkpoint_dir.mkdir()
@@ -50,6 +51,7 @@ def test_latest_state_prefers_the_newest_readable_file_and_sets_damaged_ones_asi
     assert not damaged.exists()
 
 
+@pytest.mark.backend_independent
 def test_latest_state_refuses_to_start_over_when_nothing_is_readable(tmp_path):
     run = runs.RunFolder(tmp_path)
     run.backup_dir.mkdir()
@@ -61,6 +63,7 @@ def test_latest_state_refuses_to_start_over_when_nothing_is_readable(tmp_path):
     assert runs.RunFolder(tmp_path / "new").latest_state() == (0, None)
 
 
+@pytest.mark.backend_independent
 def test_roll_back_sets_aside_checkpoints_rows_and_best_of_another_trajectory(tmp_path):
     run = runs.RunFolder(tmp_path)
     run.checkpoint_dir.mkdir()
@@ -129,6 +132,7 @@ def test_table_3_row_a_config_file_builds_16_heads_of_32_dims(tmp_path):
     assert settings.train_steps == 7
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("text, message", [
     ("[model]\nnum_hedas = 4\n", "num_hedas is not a TransformerConfig field"),
     ("[training]\nbeam_size = 4\n", "beam_size belongs in \\[decoding\\]"),
@@ -147,6 +151,7 @@ def test_bad_config_files_name_the_problem(tmp_path, text, message):
                                    str(tmp_path / "run")))
 
 
+@pytest.mark.backend_independent
 def test_saved_settings_are_the_defaults_and_fixed_ones_cannot_change(tmp_path):
     from keras_transformer.experiment import load_settings
     from keras_transformer.settings import SettingsError
@@ -167,6 +172,7 @@ def test_saved_settings_are_the_defaults_and_fixed_ones_cannot_change(tmp_path):
         load_settings(*_train_args("--output-dir", str(tmp_path), "--vocab-size", "999"))
 
 
+@pytest.mark.backend_independent
 def test_tokens_per_update_do_not_depend_on_replicas_or_accumulation(shared_data, tmp_path):
     from keras_transformer import data as kt_data
     from keras_transformer.experiment import plan_batches
@@ -236,7 +242,7 @@ def _train_command(corpus, run_dir, *extra):
     return [sys.executable, "-m", "keras_transformer", "train", "--data", str(corpus),
             "--preset", "tiny", "--vocab-size", "500", "--max-length", "48",
             "--tokens-per-batch", "1024", "--checkpoint-every", "10", "--log-every", "5",
-            "--validation-bleu-sentences", "4", "--eval-sentences", "4", "--beam-size", "2",
+            "--validation-bleu-sentences", "4", "--eval-sentences", "4", "--beam-size", "1",
             "--export-dir", "", "--output-dir", str(run_dir), *extra]
 
 
@@ -262,7 +268,7 @@ def _files(folder):
 
 
 @pytest.mark.slow
-def test_continue_complete_damaged_backup_and_fine_tuning(small_corpus, tmp_path):
+def test_continue_a_finished_run_then_complete(small_corpus, tmp_path):
     run_dir = tmp_path / "run"
     output = _train(small_corpus, run_dir, "--train-steps", "20")
     assert "Starting training at update 0" in output
@@ -298,13 +304,23 @@ def test_continue_complete_damaged_backup_and_fine_tuning(small_corpus, tmp_path
     assert "is complete" in output and "Training updates" not in output, output[-3000:]
     assert (_results(run_dir)["final_step"], _results(run_dir)["steps_this_run"]) == (40, 0)
 
+
+@pytest.mark.slow
+@pytest.mark.backend_independent  # file handling; resuming runs per backend above
+def test_damaged_backup_and_fine_tuning(small_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    _train(small_corpus, run_dir, "--train-steps", "40", "--validation-bleu-sentences", "0")
+    with open(run_dir / runs.LOG_FILE, newline="") as handle:
+        rows = {int(r["step"]): r for r in csv.DictReader(handle)}
+
     # Truncate the newest backup: the run falls back to the newest readable
     # state (the update-40 checkpoint), saying so, and loses no file.
     backup = run_dir / "backup" / "state-40.weights.h5"
     backup.write_bytes(backup.read_bytes()[:4096])
     before = _files(run_dir)
     # (--average-last 10: no checkpoint is pruned by the usual retention.)
-    output = _train(small_corpus, run_dir, "--train-steps", "45", "--average-last", "10")
+    output = _train(small_corpus, run_dir, "--train-steps", "45", "--average-last", "10",
+                    "--validation-bleu-sentences", "0")
     assert "state-40.weights.h5 is unreadable" in output, output[-3000:]
     assert "Falling back to" in output and "ckpt-40.weights.h5 (update 40)" in output
     assert _results(run_dir)["final_step"] == 45
@@ -325,7 +341,7 @@ def test_continue_complete_damaged_backup_and_fine_tuning(small_corpus, tmp_path
     kt_data.train_tokenizer([small_corpus / "valid.en", small_corpus / "valid.de"], 450,
                             other / "spm.model")
     output = _train(small_corpus, other, "--init-from", str(run_dir), "--train-steps", "5",
-                    expect=1)
+                    "--validation-bleu-sentences", "0", expect=1)
     assert output.strip().endswith("(it takes the vocabulary of the weights it starts from)")
     assert "its vocabulary" in output and "Training updates" not in output
     assert "Traceback" not in output
@@ -335,7 +351,7 @@ def test_continue_complete_damaged_backup_and_fine_tuning(small_corpus, tmp_path
     # fresh schedule: the learning rate of its update 5 is that of update 5.
     tuned = tmp_path / "tuned"
     output = _train(small_corpus, tuned, "--init-from", str(run_dir), "--train-steps", "5",
-                    "--final-weights", "last")
+                    "--final-weights", "last", "--validation-bleu-sentences", "0")
     assert "Initialised from" in output
     assert (tuned / "spm.model").read_bytes() == (run_dir / "spm.model").read_bytes()
     with open(tuned / runs.LOG_FILE, newline="") as handle:
@@ -385,6 +401,7 @@ def test_kill_9_after_a_wall_clock_backup_resumes(small_corpus, tmp_path):
     assert board_steps == steps, (board_steps, steps)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("problem", ["missing_folder", "misaligned", "config", "init_from",
                                      "vocabulary"])
 def test_train_errors_are_one_line_without_tensorflow_noise(tmp_path, problem):
