@@ -24,6 +24,7 @@ import time
 import keras
 
 from keras_transformer import runs
+from keras_transformer.run_callbacks import is_chief
 from keras_transformer.settings import Settings, SettingsError, resolve
 
 logger = logging.getLogger("keras_transformer")
@@ -509,8 +510,6 @@ def train(settings):
     See the module docstring for the stages and for how a run folder is
     continued.
     """
-    from keras_transformer.translate import Translator
-
     s = settings
     run = runs.RunFolder(s.output_dir)
     keras.utils.set_random_seed(s.seed)
@@ -518,7 +517,15 @@ def train(settings):
                 f"run folder {run.root}")
 
     paths = prepare_data(s, run)  # checked before the run folder is created
-    run.root.mkdir(parents=True, exist_ok=True)
+    with run.lock() if is_chief() else contextlib.nullcontext():
+        return _train_in(run, s, paths)
+
+
+def _train_in(run, settings, paths):
+    """`train` once the corpus is known and the run folder is locked."""
+    from keras_transformer.translate import Translator
+
+    s = settings
     tokenizer = prepare_tokenizer(s, run, paths)
     run.write_json(runs.SETTINGS_FILE, s.to_dict())
     config = s.model_config(vocab_size=tokenizer.vocabulary_size())

@@ -30,6 +30,7 @@ readable state, naming the damaged file and moving it to `damaged/`, or,
 when none is readable, stops with a message and changes nothing.
 """
 
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -38,6 +39,7 @@ import logging
 import os
 import pathlib
 import re
+import socket
 
 import numpy as np
 
@@ -57,6 +59,7 @@ BACKUP_DIR = "backup"
 CHECKPOINT_DIR = "checkpoints"
 ROLLED_BACK_DIR = "rolled_back"
 DAMAGED_DIR = "damaged"
+LOCK_FILE = ".lock"
 TENSORBOARD_DIR = "tensorboard"
 
 _CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
@@ -195,6 +198,39 @@ class RunFolder:
 
     def checkpoint_path(self, update):
         return self.checkpoint_dir / f"ckpt-{update}.weights.h5"
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Holds `<run>/.lock` while a process trains in the folder.
+
+        A second `train` on the same folder would interleave its backups,
+        checkpoints and log rows with the first one's; it is refused instead.
+        The lock (`fcntl.flock`) is released by the kernel when its process
+        ends, `kill -9` included, so a crash never leaves a stale lock.
+        """
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            yield
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / LOCK_FILE
+        handle = open(path, "a+")
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                owner = handle.read().strip() or "another process"
+                raise RunError(f"{self.root} is in use: {owner} is training in it. Wait for "
+                               "it to finish or stop it, or use another --output-dir") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+            handle.flush()
+            yield
+        finally:
+            handle.close()  # releases the lock
 
     def tokenizer_hash(self):
         return file_sha256(self.tokenizer_file) if self.tokenizer_file.is_file() else None

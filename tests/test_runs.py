@@ -82,6 +82,18 @@ def test_roll_back_sets_aside_checkpoints_rows_and_best_of_another_trajectory(tm
     assert (run.checkpoint_dir / runs.ROLLED_BACK_DIR / runs.BEST_FILE).exists()
 
 
+@pytest.mark.backend_independent
+def test_a_second_process_cannot_train_in_a_locked_run_folder(tmp_path):
+    run = runs.RunFolder(tmp_path / "run")
+    with run.lock():
+        # flock is per open file: a second open, as by another process, is refused.
+        with pytest.raises(runs.RunError, match=rf"in use: process {os.getpid()} on "):
+            with runs.RunFolder(tmp_path / "run").lock():
+                pass
+    with run.lock():  # released when the holder ends
+        pass
+
+
 # --- settings: config files, flags, batch plan ---------------------------------------
 
 
