@@ -291,7 +291,7 @@ class RunFolder:
                 target = bad.parent / DAMAGED_DIR / bad.name
                 target.parent.mkdir(exist_ok=True)
                 os.replace(bad, target)
-                say(f"Skipping {problem}: moved to {target}.")
+                say(f"{problem}; moved it to {target}.")
             if damaged:
                 say(f"Falling back to {path} (update {step}), the newest readable state.")
             return step, path
