@@ -171,6 +171,9 @@ class Validator(keras.callbacks.Callback):
         values = {}
         if self.dataset is not None:
             metrics = self.model.evaluate(self.dataset, verbose=0, return_dict=True)
+            # evaluate() accumulated into the metrics that fit reports as
+            # training means: start those afresh (`TrainingLog` knows).
+            self.model.reset_metrics()
             values["val_loss"] = float(metrics["loss"])
             for name, value in metrics.items():
                 if name != "loss":
@@ -256,7 +259,8 @@ class TrainingLog(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         logs = logs or {}
         self._batches += 1
-        # Keras' batch logs are means since the start of the epoch (of fit).
+        # Keras' batch logs are means since the metrics were last reset: the
+        # start of fit, or the last validation. Rows difference them.
         self._loss_mean = float(logs.get("loss", math.nan))
         self._accuracy_mean = float(logs.get("accuracy", math.nan))
         if not self.clock.stepped:
@@ -277,6 +281,8 @@ class TrainingLog(keras.callbacks.Callback):
         accuracy = (self._accuracy_mean * self._batches - accuracy_sum) / n if n else math.nan
         self._last_sums = (self._loss_mean * self._batches,
                            self._accuracy_mean * self._batches, self._batches)
+        if "val_loss" in validation:  # the Validator reset Keras' running means
+            self._batches, self._last_sums = 0, (0.0, 0.0, 0)
         updates = update - self._last_update
         seconds = now - self._last_time - validation_seconds  # training time only
         tokens_per_second = (updates * self.target_tokens_per_update / seconds

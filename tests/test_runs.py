@@ -310,6 +310,12 @@ def test_continue_a_finished_run_then_complete(small_corpus, tmp_path):
         rows = {int(r["step"]): r for r in csv.DictReader(handle)}
     np.testing.assert_allclose(float(rows[25]["learning_rate"]),
                                128 ** -0.5 * min(26 ** -0.5, 26 * 400 ** -1.5), rtol=1e-5)
+    # Each row's training loss is the mean over its own updates, validations
+    # (every 10) between rows included: label-smoothed cross-entropy of a
+    # vocabulary of 500 starts near ln(500) = 6.2 and stays positive.
+    losses = [float(row["loss"]) for row in rows.values()]
+    assert all(0.5 < loss < 7.5 for loss in losses), losses
+    assert losses[-1] < losses[0]
 
     # The same command again: complete, nothing trained.
     output = _train(small_corpus, run_dir, "--train-steps", "40")
@@ -479,3 +485,48 @@ def test_state_loads_across_a_change_of_gradient_accumulation(tiny_config, tmp_p
     # And back: 4 -> 1.
     four.save_weights(tmp_path / "state-7b.weights.h5")
     assert runs.load_state(compiled(1), tmp_path / "state-7b.weights.h5", 7) == 7
+
+
+def test_log_rows_hold_the_training_loss_of_their_own_updates(tiny_config, tmp_path):
+    """Rows after a validation still report training loss (evaluate shares Keras' metrics).
+
+    With a learning rate of ~0 and no dropout, every update sees the same
+    batch with the same weights, so every row's loss is that batch's loss,
+    which `model.evaluate` gives independently; the validation batch has
+    another loss, which must not leak into the training rows.
+    """
+    import tensorflow as tf
+
+    from keras_transformer import build_model
+    from keras_transformer.run_callbacks import TrainingLog, UpdateClock, Validator
+    from keras_transformer.training import compile_model
+
+    rng = np.random.default_rng(0)
+
+    def batch(length):
+        source = rng.integers(4, tiny_config.vocab_size, (4, length)).astype("int32")
+        target = rng.integers(4, tiny_config.vocab_size, (4, length)).astype("int32")
+        decoder_input = np.concatenate([np.ones((4, 1), "int32"), target[:, :-1]], axis=1)
+        return {"source_ids": source, "target_ids": decoder_input}, target
+
+    train_batch, valid_batch = batch(7), batch(5)
+    model = build_model(tiny_config)
+    compile_model(model, learning_rate=1e-12)
+    run = runs.RunFolder(tmp_path)
+    clock, record = UpdateClock(0, 1), {}
+    valid = tf.data.Dataset.from_tensors(valid_batch)
+    callbacks = [clock, Validator(run, clock, every=2, dataset=valid, record=record),
+                 TrainingLog(run, clock, every=1, total_updates=6, record=record,
+                             target_tokens_per_update=28, validate_every=2)]
+    model.fit(tf.data.Dataset.from_tensors(train_batch).repeat(), epochs=1, steps_per_epoch=6,
+              shuffle=False, callbacks=callbacks, verbose=0)
+    train_loss = model.evaluate(*train_batch, verbose=0, return_dict=True)["loss"]
+    valid_loss = model.evaluate(valid.repeat(1), verbose=0, return_dict=True)["loss"]
+    assert abs(train_loss - valid_loss) > 0.05  # the check below can tell them apart
+    with open(run.log_file, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5, 6]
+    for row in rows:
+        np.testing.assert_allclose(float(row["loss"]), train_loss, rtol=1e-4)
+    for row in rows[1::2]:
+        np.testing.assert_allclose(float(row["val_loss"]), valid_loss, rtol=1e-4)
