@@ -26,6 +26,7 @@ import keras
 from keras_transformer import runs
 from keras_transformer.run_callbacks import is_chief
 from keras_transformer.settings import Settings, SettingsError, resolve
+from keras_transformer.training import peak_memory_mib, plot_training
 
 logger = logging.getLogger("keras_transformer")
 
@@ -392,7 +393,7 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     the log, TensorBoard and the best validation BLEU's weights.
     """
     from keras_transformer.run_callbacks import StateSaver, TrainingLog, UpdateClock, Validator
-    from keras_transformer.training import TrainingTimer, peak_memory_mib
+    from keras_transformer.training import TrainingTimer
 
     s = settings
     remaining = s.train_steps - start_update
@@ -572,8 +573,6 @@ def _train_in(run, settings, paths):
         tokens_per_update = None
 
     final_weights = finalize_weights(model, run, s)
-    from keras_transformer.training import plot_training
-
     plot_training(run.log_file, run / runs.PLOT_FILE)
     translator = translator or Translator(model, tokenizer, max_extra_length=s.max_extra_length)
     result = evaluate_test(translator, run, s, paths)
@@ -595,7 +594,7 @@ def _train_in(run, settings, paths):
         "target_tokens_per_update": tokens_per_update,
         "train_target_tokens_per_second": report.tokens_per_second if report else None,
         "train_peak_memory_mib": report.peak_memory_mib if report else None,
-        "peak_memory_mib": _peak_memory(), "final_weights": final_weights,
+        "peak_memory_mib": peak_memory_mib(), "final_weights": final_weights,
         "parameters": model.count_params(), "backend": keras.backend.backend(),
         "batch_plan": dataclasses.asdict(plan),
         "saved_model": str(export_path) if export_path else None,
@@ -605,12 +604,6 @@ def _train_in(run, settings, paths):
     logger.info(f"Test BLEU {result.bleu:.2f}, chrF {result.chrf:.2f}; results in "
                 f"{run.results_file}")
     return summary
-
-
-def _peak_memory():
-    from keras_transformer.training import peak_memory_mib
-
-    return peak_memory_mib()
 
 
 # --- scoring a finished run --------------------------------------------------------
