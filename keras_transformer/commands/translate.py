@@ -23,8 +23,6 @@ import time
 from keras_transformer.commands.common import PROG, CommandError
 
 
-
-
 def resolve_model_dir(path):
     """The SavedModel folder for `--model`: itself, or its highest numeric version.
 
@@ -40,7 +38,7 @@ def resolve_model_dir(path):
         CommandError: the path is missing or holds no SavedModel.
     """
     path = pathlib.Path(path)
-    expected = ("expected a SavedModel written by `python -m keras_transformer export`: "
+    expected = (f"expected a SavedModel written by `{PROG} export`: "
                 "saved_models/<model_name>/<version>/ with saved_model.pb")
     if not path.exists():
         raise CommandError(f"--model {path} does not exist; {expected}")
