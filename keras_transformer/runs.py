@@ -19,6 +19,7 @@ evaluation, translation and export agree on its names (fairseq's
       training_log.rolled_back.csv  rows of an abandoned trajectory
       tensorboard/           the same scalars for TensorBoard
       training.png, test.hyp.de, results.json
+      .lock                  held by the process training in the folder
 
 A state file (backup or checkpoint) is a `model.save_weights` file of the
 compiled model, so it also holds the optimizer's variables (its update
