@@ -462,11 +462,6 @@ def finalize_weights(model, run, settings):
     return used
 
 
-def _read_lines(path):
-    with open(path, encoding="utf-8") as handle:
-        return [line.rstrip("\n").rstrip("\r") for line in handle]
-
-
 def evaluate_test(translator, run, settings, paths):
     """Stage 8: beam search of the test split, scored with sacreBLEU."""
     from keras_transformer.translate import evaluate_bleu
@@ -525,6 +520,7 @@ def train(settings):
 def _train_in(run, settings, paths):
     """`train` once the corpus is known and the run folder is locked."""
     from keras_transformer.translate import Translator
+    from keras_transformer.translate import _read_lines as read_lines
 
     s = settings
     tokenizer = prepare_tokenizer(s, run, paths)
@@ -578,8 +574,9 @@ def _train_in(run, settings, paths):
     result = evaluate_test(translator, run, s, paths)
     export_path = export_run(translator, run, s)
 
-    sources = _read_lines(paths["test"][0])
-    references = _read_lines(paths["test"][1])
+    # The lines evaluate_bleu translated (blank ones included), so samples align.
+    sources = read_lines(paths["test"][0])
+    references = read_lines(paths["test"][1])
     lines = ["Sample translations (test split):"]
     for i in range(min(3, len(result.hypotheses))):
         lines.append(f"  EN:  {sources[i]}\n  REF: {references[i]}\n  HYP: "

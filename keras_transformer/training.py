@@ -5,7 +5,6 @@ strategy (TensorFlow backend) or sets a `keras.distribution` (JAX backend).
 """
 
 import os
-import re
 import resource
 import shutil
 import time
@@ -15,6 +14,7 @@ import numpy as np
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+from keras_transformer.runs import list_checkpoints  # noqa: F401  (public here too)
 from keras_transformer.schedules import TransformerSchedule
 
 
@@ -74,21 +74,6 @@ def compile_model(model, config=None, *, learning_rate=None,
 
 
 # --- checkpoints -------------------------------------------------------------
-
-_CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
-
-
-def list_checkpoints(directory):
-    """`(step, path)` pairs of `ckpt-<step>.weights.h5` files, oldest first."""
-    if not os.path.isdir(directory):
-        return []
-    found = []
-    for name in os.listdir(directory):
-        match = _CHECKPOINT_PATTERN.match(name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(directory, name)))
-    return sorted(found)
-
 
 def optimizer_updates(optimizer):
     """Number of parameter updates an optimizer has applied.
