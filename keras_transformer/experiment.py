@@ -31,8 +31,6 @@ from keras_transformer.training import peak_memory_mib, plot_training
 logger = logging.getLogger("keras_transformer")
 
 SPLITS = ("train", "valid", "test")
-# Training batches whose mean token count gives the tokens per update.
-TOKEN_SAMPLE_BATCHES = 200
 
 
 # --- settings ----------------------------------------------------------------------
@@ -57,106 +55,152 @@ def load_settings(given=None, given_model=None, config_file=None):
                                         merged.get("preset", defaults["preset"].default))
         given["output_dir"] = output_dir
     saved = runs.RunFolder(output_dir).read_json(runs.SETTINGS_FILE)
+    data = merged.get("data") or (saved or {}).get("data")
+    if data and "vocab_size" not in merged:
+        from keras_transformer.data import prepared
+
+        if prepared.is_prepared(data):  # a prepared corpus brings its vocabulary
+            given["vocab_size"] = prepared.PreparedCorpus(data).vocab_size
     return resolve(given, given_model, config_file, saved=saved)
 
 
 # --- data --------------------------------------------------------------------------
 
 
-def split_paths(directory):
-    """`{split: (en_path, de_path)}` of a corpus folder, checked to exist."""
-    directory = pathlib.Path(directory)
-    paths = {s: (directory / f"{s}.en", directory / f"{s}.de") for s in SPLITS}
-    missing = [str(p) for pair in paths.values() for p in pair if not p.exists()]
-    if missing:
-        raise FileNotFoundError(
-            f"corpus folder {directory} must hold train/valid/test .en/.de files "
-            f"(the layout of shared/data/multi30k); missing: {', '.join(missing)}"
-        )
-    return paths
-
-
-def prepare_corpus(data, work_dir, *, seed=0):
-    """Returns `{split: (en_path, de_path)}` for `--data`.
+def corpus_inputs(data, work_dir, *, seed=0):
+    """The `CorpusInputs` that `--data` names (demo text is generated into `work_dir`).
 
     Args:
         data: `"demo"` (generated offline, see `keras_transformer.data.demo`),
             `"wmt14"` (tensorflow-datasets; needs internet the first time), or
             a folder with `{train,valid,test}.{en,de}`.
-        work_dir: where generated or exported text goes.
+        work_dir: where the demo corpus's text goes.
         seed: demo corpus seed.
     """
-    from keras_transformer import data as kt_data
+    from keras_transformer.data import prepared
 
-    work_dir = pathlib.Path(work_dir)
     if data == "demo":
-        directory = work_dir / "demo"
+        from keras_transformer import data as kt_data
+
+        directory = pathlib.Path(work_dir) / f"demo-seed{seed}"
         if not (directory / "test.de").exists():
             kt_data.write_demo_corpus(directory, seed=seed)
-        return split_paths(directory)
-    if data == "wmt14":
-        directory = work_dir / "wmt14"
-        if not (directory / "test.de").exists():
-            directory.mkdir(parents=True, exist_ok=True)
-            # tfds names: train (4.5M pairs), validation (newstest2013),
-            # test (newstest2014).
-            for split, tfds_split in (("train", "train"), ("valid", "validation"),
-                                      ("test", "test")):
-                dataset = kt_data.load_wmt14(tfds_split)
-                pairs = ((s.decode("utf-8"), t.decode("utf-8"))
-                         for s, t in dataset.as_numpy_iterator())
-                kt_data.write_parallel_text(pairs, directory / f"{split}.en",
-                                            directory / f"{split}.de")
-        return split_paths(directory)
-    return split_paths(data)
+        inputs = prepared.text_inputs(directory, name=f"demo-seed{seed}")
+    elif data == "wmt14":
+        from keras_transformer.data.readers import WMT14_NAME, load_wmt14
+
+        # tfds names: train (4.5M pairs), validation (newstest2013), test
+        # (newstest2014). Loaded only when a preparation is needed.
+        inputs = prepared.CorpusInputs(
+            "wmt14", train=lambda: load_wmt14("train"),
+            valid=lambda: load_wmt14("validation"), test=lambda: load_wmt14("test"),
+            key={"tfds": WMT14_NAME, "splits": ["train", "validation", "test"]})
+    else:
+        inputs = prepared.text_inputs(data)
+    missing = [split for split in ("valid", "test") if getattr(inputs, split) is None]
+    if missing:
+        raise FileNotFoundError(
+            f"corpus folder {data} must hold train/valid/test .en/.de files (the layout "
+            f"of shared/data/multi30k); missing: {', '.join(missing)}")
+    return inputs
 
 
-def prepare_data(settings, run):
-    """Stage 1: the corpus files of `settings.data`."""
-    return prepare_corpus(settings.data, run / "data", seed=settings.seed)
+def default_prepared_dir(settings, inputs, tokenizer_file=None):
+    """`<runs folder>/prepared/<corpus>_v<vocab>` (or `_spm-<hash>` for a given vocabulary)."""
+    root = pathlib.Path(settings.output_dir).parent / "prepared"
+    if tokenizer_file is not None:
+        return root / f"{inputs.name}_spm-{runs.file_sha256(tokenizer_file)[:10]}"
+    return root / f"{inputs.name}_v{settings.vocab_size}"
 
 
-def prepare_tokenizer(settings, run, paths):
-    """Stage 2: the shared vocabulary: the run's, `--init-from`'s, or a new one.
-
-    A fine-tuned run uses the vocabulary of the weights it starts from: it is
-    copied when the run has none yet, and a run whose own vocabulary differs
-    is refused before anything is trained.
-    """
-    from keras_transformer import data as kt_data
-
-    source_run = None
+def _given_tokenizer(settings, run):
+    """The vocabulary a run must keep: its own, or `--init-from`'s; `None` for a new one."""
+    if run.tokenizer_file.is_file():
+        return run.tokenizer_file
     if settings.init_from:
         source_run = runs.find_run_dir(settings.init_from)
         if source_run is None and not pathlib.Path(settings.init_from).exists():
             raise runs.RunError(f"--init-from {settings.init_from} does not exist (a run "
                                 "folder or a .weights.h5 file)")
-    if source_run is not None:
-        source_spm = source_run / runs.TOKENIZER_FILE
-        if run.tokenizer_file.is_file():
-            if runs.file_sha256(source_spm) != run.tokenizer_hash():
-                raise runs.RunError(
-                    f"--init-from {settings.init_from}: its vocabulary {source_spm} differs "
-                    f"from this run's {run.tokenizer_file}; fine-tune in a new --output-dir "
-                    "(it takes the vocabulary of the weights it starts from)")
-        else:
-            run.root.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source_spm, run.tokenizer_file)
-            logger.info(f"Tokenizer copied from {source_spm} (--init-from)")
+        if source_run is not None:
+            return source_run / runs.TOKENIZER_FILE
+    return None
+
+
+def prepare_data(settings, run):
+    """Stage 1: the prepared corpus of `settings.data` (prepared now only when needed).
+
+    `--data` may name a prepared folder (`keras-transformer prepare`), or
+    demo / wmt14 / a text folder, which is prepared into `--prepared-dir`
+    (default `default_prepared_dir`) the first time and reused afterwards;
+    a changed input file or vocabulary size prepares it again. A run keeps
+    its vocabulary: continuing it, or fine-tuning from `--init-from`, encodes
+    the corpus with that vocabulary.
+    """
+    from keras_transformer.data import prepared
+
+    if prepared.is_prepared(settings.data):
+        corpus = prepared.PreparedCorpus(settings.data)
+        corpus.check()
+        if corpus.vocab_size != settings.vocab_size:
+            raise SettingsError(
+                f"--vocab-size {settings.vocab_size}: the prepared corpus {settings.data} "
+                f"has vocabulary size {corpus.vocab_size}; prepare it again with "
+                f"--vocab-size {settings.vocab_size}, or leave the flag out")
+        logger.info(f"Prepared corpus {settings.data}: {corpus.summary()}")
+    else:
+        inputs = corpus_inputs(settings.data, run.root.parent / "prepared",
+                               seed=settings.seed)
+        tokenizer_file = _given_tokenizer(settings, run)
+        own = tokenizer_file is not None and tokenizer_file == run.tokenizer_file
+        directory = settings.prepared_dir or default_prepared_dir(
+            settings, inputs, None if own or tokenizer_file is None else tokenizer_file)
+        if own and prepared.stale_reason(directory, inputs,
+                                         vocab_size=settings.vocab_size) is None:
+            tokenizer_file = None  # the usual case: the run's vocabulary came from there
+        # The preparation belongs to the corpus, not to the run: the seed of
+        # its tokenizer sample and shard order is `prepare`'s default, so that
+        # runs with any --seed share it and `prepare` ahead of time is the same.
+        corpus = prepared.ensure_prepared(inputs, directory, vocab_size=settings.vocab_size,
+                                          tokenizer_file=tokenizer_file,
+                                          max_length=settings.max_length)
+    if not corpus.has_split("valid") or corpus.text_paths("test") is None:
+        raise runs.RunError(f"the prepared corpus {corpus.directory} has no valid and test "
+                            "splits; training needs both")
+    return corpus
+
+
+def prepare_tokenizer(settings, run, corpus):
+    """Stage 2: the run's copy of the corpus's vocabulary (checked when it has one).
+
+    A run keeps the vocabulary it was trained with: a continued run whose
+    prepared corpus now has another one (prepared again since) is refused,
+    and so is fine-tuning from `--init-from` weights whose vocabulary is not
+    the corpus's.
+    """
+    from keras_transformer import data as kt_data
+
     if run.tokenizer_file.is_file():
-        tokenizer = kt_data.Tokenizer.load(run.tokenizer_file)
-        logger.info(f"Tokenizer {run.tokenizer_file} (vocabulary "
-                    f"{tokenizer.vocabulary_size()})")
-        return tokenizer
-    start = time.time()
-    run.root.mkdir(parents=True, exist_ok=True)
-    try:
-        tokenizer = kt_data.train_tokenizer(list(paths["train"]), settings.vocab_size,
-                                            run.tokenizer_file)
-    except ValueError as error:  # e.g. a vocabulary too large or small for the data
-        raise SettingsError(f"--vocab-size {settings.vocab_size}: {error}") from None
-    logger.info(f"Trained the shared tokenizer {run.tokenizer_file} (vocabulary "
-                f"{tokenizer.vocabulary_size()}) in {time.time() - start:.1f} s")
+        if run.tokenizer_hash() != corpus.tokenizer_sha256:
+            raise runs.RunError(
+                f"{run.tokenizer_file} differs from the vocabulary of the prepared corpus "
+                f"{corpus.tokenizer_file} (prepared again since this run began?); "
+                "continue with the run's own vocabulary: pass --prepared-dir for a new "
+                "preparation (it will use the run's vocabulary), or train in a new "
+                "--output-dir")
+    else:
+        if settings.init_from:
+            source_run = runs.find_run_dir(settings.init_from)
+            if source_run is not None and runs.file_sha256(
+                    source_run / runs.TOKENIZER_FILE) != corpus.tokenizer_sha256:
+                raise runs.RunError(
+                    f"--init-from {settings.init_from}: its vocabulary differs from the "
+                    f"prepared corpus {corpus.directory}'s; let the job prepare --data "
+                    "with it (name the text folder, not a prepared one)")
+        run.root.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(corpus.tokenizer_file, run.tokenizer_file)
+    tokenizer = kt_data.Tokenizer.load(run.tokenizer_file)
+    logger.info(f"Tokenizer {run.tokenizer_file} (vocabulary {tokenizer.vocabulary_size()})")
     return tokenizer
 
 
@@ -195,44 +239,49 @@ def plan_batches(tokens_per_batch, *, grad_accum_steps=1, replicas=1, max_length
                      micro_batch_tokens=replica * replicas, replica_tokens=replica)
 
 
-def make_datasets(settings, tokenizer, paths, plan, *, start_update=0):
-    """Stage 3: training and validation `tf.data` pipelines and their statistics.
+def make_datasets(settings, corpus, plan, *, start_update=0):
+    """Stage 3: training and validation `tf.data` pipelines streamed from the shards.
 
     The training order is seeded with `seed + start_update`, so a resumed run
-    does not replay the batches its first part began with.
+    does not replay the batches its first part began with. Token counts come
+    from the manifest: nothing is read before the first update.
 
     Returns:
-        `(train_ds, valid_ds, target_tokens_per_update, valid_pairs)`.
+        `(train_ds, valid_ds, target_tokens_per_update)`.
     """
     import tensorflow as tf
 
-    from keras_transformer import data as kt_data
-
-    train_pairs = kt_data.load_parallel_text(*paths["train"])
-    valid_pairs = kt_data.load_parallel_text(*paths["valid"])
-    counts = kt_data.count_length_policy(train_pairs, tokenizer, settings.max_length)
-    logger.info(f"Training pairs: {len(train_pairs)} ({train_pairs.num_dropped} empty lines "
-                f"dropped); {counts}")
     common = dict(tokens_per_batch=plan.micro_batch_tokens, max_length=settings.max_length,
                   num_replicas=plan.replicas)
-    seed = settings.seed + start_update
-    train_ds = kt_data.make_dataset(train_pairs, tokenizer, training=True, repeat=True,
-                                    seed=seed, **common)
-    valid_ds = kt_data.make_dataset(valid_pairs, tokenizer, training=False, **common)
-    # Mean non-pad target tokens per micro-batch, from a separate dataset:
-    # iterating train_ds would advance its reshuffling.
-    sample = kt_data.batch_statistics(kt_data.make_dataset(
-        train_pairs, tokenizer, training=True, repeat=False, seed=seed,
-        **common).take(TOKEN_SAMPLE_BATCHES))
-    target_tokens_per_update = sample.target_tokens / sample.num_batches \
-        * plan.grad_accum_steps
+    counts = corpus.length_policy("train", settings.max_length)
+    logger.info(f"Training pairs: {counts.num_pairs:,}; the length policy (max "
+                f"{settings.max_length} tokens) drops {counts.num_over_long:,}")
+    train_ds = corpus.dataset("train", training=True, repeat=True,
+                              seed=settings.seed + start_update, **common)
+    valid_ds = corpus.dataset("valid", training=False, **common)
+    batches, target_tokens = corpus.batch_plan("train", training=True, **common)
+    target_tokens_per_update = target_tokens / max(batches, 1) * plan.grad_accum_steps
     logger.info(f"Batches: {plan}; {target_tokens_per_update:.0f} non-pad target tokens "
                 f"per update on average")
     # A known number of validation batches: without it Keras warns that the
     # input "ran out of data".
-    valid_ds = valid_ds.apply(tf.data.experimental.assert_cardinality(
-        sum(1 for _ in valid_ds)))
-    return train_ds, valid_ds, target_tokens_per_update, valid_pairs
+    valid_batches, _ = corpus.batch_plan("valid", training=False, **common)
+    valid_ds = valid_ds.apply(tf.data.experimental.assert_cardinality(valid_batches))
+    return train_ds, valid_ds, target_tokens_per_update
+
+
+def validation_sample(corpus, count):
+    """The first `count` validation pairs with two non-empty sides, as (sources, references)."""
+    import itertools
+
+    from keras_transformer.data.readers import iter_parallel_lines
+
+    if not count:
+        return (), ()
+    pairs = ((s, t) for _, s, t in iter_parallel_lines(*corpus.text_paths("valid"))
+             if s.strip() and t.strip())
+    sample = list(itertools.islice(pairs, count))
+    return [s for s, _ in sample], [t for _, t in sample]
 
 
 # --- distribution ------------------------------------------------------------------
@@ -428,6 +477,22 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     return report
 
 
+def _fit_checking_shards(corpus, *args, **kwargs):
+    """`fit`; a damaged record turns into an error naming its shard.
+
+    TFRecord checks each record's CRC as it reads it and reports "corrupted
+    record at <offset>" without the file; the shards' sha256 find it.
+    """
+    import tensorflow as tf
+
+    try:
+        return fit(*args, **kwargs)
+    except tf.errors.DataLossError as error:
+        corpus.check(deep=True)  # raises PreparedCorpusError naming the shard
+        raise runs.RunError(f"reading the prepared corpus {corpus.directory} failed: "
+                            f"{error.message.splitlines()[0]}") from None
+
+
 def finalize_weights(model, run, settings):
     """Stage 7: sets the final weights (`final_weights`) and saves `model.keras`.
 
@@ -462,11 +527,12 @@ def finalize_weights(model, run, settings):
     return used
 
 
-def evaluate_test(translator, run, settings, paths):
+def evaluate_test(translator, run, settings, corpus):
     """Stage 8: beam search of the test split, scored with sacreBLEU."""
     from keras_transformer.translate import evaluate_bleu
 
-    return evaluate_bleu(translator, paths["test"][0], paths["test"][1],
+    source, reference = corpus.text_paths("test")
+    return evaluate_bleu(translator, source, reference,
                          beam_size=settings.beam_size, alpha=settings.alpha,
                          max_sentences=settings.eval_sentences,
                          output_file=run / runs.HYPOTHESES_FILE,
@@ -512,18 +578,18 @@ def train(settings):
     logger.info(f"Keras {keras.__version__}, backend {keras.backend.backend()}; "
                 f"run folder {run.root}")
 
-    paths = prepare_data(s, run)  # checked before the run folder is created
+    corpus = prepare_data(s, run)  # checked before the run folder is created
     with run.lock() if is_chief() else contextlib.nullcontext():
-        return _train_in(run, s, paths)
+        return _train_in(run, s, corpus)
 
 
-def _train_in(run, settings, paths):
+def _train_in(run, settings, corpus):
     """`train` once the corpus is known and the run folder is locked."""
     from keras_transformer.translate import Translator
     from keras_transformer.translate import _read_lines as read_lines
 
     s = settings
-    tokenizer = prepare_tokenizer(s, run, paths)
+    tokenizer = prepare_tokenizer(s, run, corpus)
     run.write_json(runs.SETTINGS_FILE, s.to_dict())
     config = s.model_config(vocab_size=tokenizer.vocabulary_size())
 
@@ -554,15 +620,14 @@ def _train_in(run, settings, paths):
             logger.info(f"Continuing {run.root} at update {start} (of {s.train_steps})")
         else:
             logger.info(f"Starting training at update 0: {s.train_steps} updates")
-        train_ds, valid_ds, tokens_per_update, valid_pairs = make_datasets(
-            s, tokenizer, paths, plan, start_update=start)
-        sample = [valid_pairs[i] for i in range(min(s.validation_bleu_sentences,
-                                                    len(valid_pairs)))]
-        bleu_sample = ([source for source, _ in sample], [target for _, target in sample])
+        train_ds, valid_ds, tokens_per_update = make_datasets(s, corpus, plan,
+                                                              start_update=start)
+        bleu_sample = validation_sample(corpus, s.validation_bleu_sentences)
         translator = Translator(model, tokenizer, max_extra_length=s.max_extra_length)
-        report = fit(model, run, s, train_ds, valid_ds, start_update=start,
-                     tokens_per_update=tokens_per_update, translator=translator,
-                     bleu_sample=bleu_sample)
+        report = _fit_checking_shards(corpus, model, run, s, train_ds, valid_ds,
+                                      start_update=start,
+                                      tokens_per_update=tokens_per_update,
+                                      translator=translator, bleu_sample=bleu_sample)
     else:
         logger.info(f"Training is complete at update {start}; finishing the run "
                     "(final weights, test, export)")
@@ -571,12 +636,11 @@ def _train_in(run, settings, paths):
     final_weights = finalize_weights(model, run, s)
     plot_training(run.log_file, run / runs.PLOT_FILE)
     translator = translator or Translator(model, tokenizer, max_extra_length=s.max_extra_length)
-    result = evaluate_test(translator, run, s, paths)
+    result = evaluate_test(translator, run, s, corpus)
     export_path = export_run(translator, run, s)
 
     # The lines evaluate_bleu translated (blank ones included), so samples align.
-    sources = read_lines(paths["test"][0])
-    references = read_lines(paths["test"][1])
+    sources, references = (read_lines(p) for p in corpus.text_paths("test"))
     lines = ["Sample translations (test split):"]
     for i in range(min(3, len(result.hypotheses))):
         lines.append(f"  EN:  {sources[i]}\n  REF: {references[i]}\n  HYP: "
@@ -670,5 +734,5 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
 
 __all__ = ["BatchPlan", "FitReport", "build_model_for_run", "evaluate_run", "evaluate_test",
            "export_run", "finalize_weights", "fit", "get_strategy", "load_settings",
-           "make_datasets", "num_replicas", "plan_batches", "prepare_corpus", "prepare_data",
-           "prepare_tokenizer", "restore", "split_paths", "train"]
+           "make_datasets", "num_replicas", "plan_batches", "prepare_data",
+           "prepare_tokenizer", "restore", "corpus_inputs", "train", "validation_sample"]

@@ -99,6 +99,9 @@ class Settings:
                                        "(preset default)")
     max_length: Optional[int] = _field(None, "data", "longest sequence in tokens, "
                                        "BOS/EOS included (preset default)")
+    prepared_dir: Optional[str] = _field(
+        None, "data", "where --data is prepared (vocabulary, token-id shards, manifest) "
+        "and reused; default <runs folder>/prepared/<corpus>_v<vocab-size>")
     # [training]
     train_steps: Optional[int] = _field(None, "training", "optimizer updates in total; "
                                         "raise it to continue a finished run")

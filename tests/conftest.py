@@ -49,6 +49,9 @@ BACKEND_INDEPENDENT_MODULES = {
     # tf.data bucketing/batching, plus a MirroredStrategy subprocess pinned to
     # KERAS_BACKEND=tensorflow (one test fits a model: see the exceptions).
     "test_data_pipeline.py",
+    # Prepared corpora: SentencePiece, TFRecord shards, tf.data streaming, and
+    # the prepare / train commands in subprocesses.
+    "test_prepared.py",
     # Every test runs its models in subprocesses with KERAS_BACKEND set
     # explicitly (tensorflow for tf.distribute, jax for data parallelism).
     "test_distributed.py",

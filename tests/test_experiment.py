@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from keras_transformer.experiment import evaluate_run, prepare_corpus
+from keras_transformer.experiment import corpus_inputs, evaluate_run
 from keras_transformer.runs import resolve_weights
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -19,12 +19,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def test_corpus_folder_must_have_all_splits(tmp_path):
     (tmp_path / "train.en").write_text("a\n")
     with pytest.raises(FileNotFoundError, match="missing: .*train.de"):
-        prepare_corpus(str(tmp_path), tmp_path / "work")
+        corpus_inputs(str(tmp_path), tmp_path / "work")
+    (tmp_path / "train.de").write_text("b\n")
+    with pytest.raises(FileNotFoundError, match="missing: valid, test"):
+        corpus_inputs(str(tmp_path), tmp_path / "work")
 
 
 def test_shared_corpus_folder_is_accepted(shared_data, tmp_path):
-    paths = prepare_corpus(str(shared_data / "multi30k"), tmp_path)
-    assert paths["test"][0].name == "test.en"
+    inputs = corpus_inputs(str(shared_data / "multi30k"), tmp_path)
+    assert inputs.name == "multi30k" and inputs.test[0].name == "test.en"
 
 
 @pytest.mark.slow

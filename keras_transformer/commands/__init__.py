@@ -1,5 +1,6 @@
 """The `keras-transformer` command (also `python -m keras_transformer`).
 
+    keras-transformer prepare --data ../shared/data/multi30k --preset small
     keras-transformer train --data demo --preset tiny
     keras-transformer train --output-dir runs/demo_tiny --train-steps 1000   # continue
     keras-transformer evaluate --run runs/demo_tiny --data demo
@@ -15,10 +16,11 @@ import argparse
 import os
 import sys
 
-from keras_transformer.commands import average, evaluate, export, train, translate
+from keras_transformer.commands import (average, evaluate, export, prepare, train,
+                                        translate)
 from keras_transformer.commands.common import PROG, CommandError, quiet_tensorflow
 
-COMMANDS = (train, evaluate, average, translate, export)
+COMMANDS = (prepare, train, evaluate, average, translate, export)
 
 
 def build_parser():

@@ -126,6 +126,37 @@ def iter_lines(path):
         raise CorpusError(f"{path} is empty: expected one sentence per line")
 
 
+
+def iter_parallel_lines(source_path, target_path):
+    """Yields `(line_number, source, target)` for every line of two aligned files.
+
+    The streaming form of `load_parallel_text`: the same checks (UTF-8,
+    equal line counts, gzip, CRLF), nothing held in memory. Lines with an
+    empty side are yielded too; the caller decides what to do with them.
+
+    Raises:
+        CorpusError: as `load_parallel_text`, when the reader reaches the
+            problem.
+    """
+    source_path, target_path = pathlib.Path(source_path), pathlib.Path(target_path)
+    source_lines, target_lines = iter_lines(source_path), iter_lines(target_path)
+    while True:
+        source_item = next(source_lines, None)
+        target_item = next(target_lines, None)
+        if source_item is None and target_item is None:
+            return
+        if source_item is None or target_item is None:
+            short, long_ = ((source_path, target_path) if source_item is None
+                            else (target_path, source_path))
+            line_number = (target_item or source_item)[0]
+            raise CorpusError(
+                f"{short} has {line_number - 1} lines but {long_} has more: "
+                f"{long_}, line {line_number} has no counterpart in {short}; "
+                "the files are not sentence-aligned"
+            )
+        yield source_item[0], source_item[1], target_item[1]
+
+
 def load_parallel_text(source_path, target_path):
     """Reads a sentence-aligned corpus from two UTF-8 text files.
 
@@ -155,23 +186,7 @@ def load_parallel_text(source_path, target_path):
     """
     source_path, target_path = pathlib.Path(source_path), pathlib.Path(target_path)
     sources, targets, dropped = [], [], []
-    source_lines, target_lines = iter_lines(source_path), iter_lines(target_path)
-    while True:
-        source_item = next(source_lines, None)
-        target_item = next(target_lines, None)
-        if source_item is None and target_item is None:
-            break
-        if source_item is None or target_item is None:
-            short, long_ = ((source_path, target_path) if source_item is None
-                            else (target_path, source_path))
-            line_number = (target_item or source_item)[0]
-            raise CorpusError(
-                f"{short} has {line_number - 1} lines but {long_} has more: "
-                f"{long_}, line {line_number} has no counterpart in {short}; "
-                "the files are not sentence-aligned"
-            )
-        line_number, source = source_item
-        _, target = target_item
+    for line_number, source, target in iter_parallel_lines(source_path, target_path):
         if not source.strip() or not target.strip():
             dropped.append(line_number)
             continue

@@ -252,7 +252,7 @@ class Tokenizer(tf.Module):
 def train_tokenizer(files, vocab_size, model_file, *, model_type="bpe",
                     character_coverage=0.9995, byte_fallback=True,
                     max_sentences=10_000_000, seed=0, num_threads=None,
-                    **sentencepiece_options):
+                    sentences=None, **sentencepiece_options):
     """Trains one SentencePiece model on both languages together.
 
     Every line of every file is one training sentence (empty lines are
@@ -276,6 +276,9 @@ def train_tokenizer(files, vocab_size, model_file, *, model_type="bpe",
             bounds the trainer's memory on WMT-sized corpora.
         seed: seed of that sampling.
         num_threads: trainer threads; default `os.cpu_count()`.
+        sentences: an iterable of training sentences to read instead of
+            `files` (e.g. from a `tf.data` corpus); `files` then only name
+            the corpus in error messages.
         **sentencepiece_options: any other `SentencePieceTrainer` option.
 
     Returns:
@@ -291,9 +294,9 @@ def train_tokenizer(files, vocab_size, model_file, *, model_type="bpe",
     if isinstance(files, (str, os.PathLike)):
         files = [files]
     files = [pathlib.Path(f) for f in files]
-    if not files:
+    if not files and sentences is None:
         raise ValueError("train_tokenizer needs at least one text file")
-    for path in files:
+    for path in files if sentences is None else ():
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer training file not found: {path}")
     if model_type not in ("bpe", "unigram"):
@@ -308,7 +311,7 @@ def train_tokenizer(files, vocab_size, model_file, *, model_type="bpe",
             f"are fixed to {_SPECIAL_IDS}"
         )
 
-    def sentences():
+    def file_sentences():
         for path in files:
             for _, line in iter_lines(path):
                 if line.strip():
@@ -332,7 +335,8 @@ def train_tokenizer(files, vocab_size, model_file, *, model_type="bpe",
     writer = io.BytesIO()
     try:
         sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=sentences(), model_writer=writer, **options
+            sentence_iterator=iter(sentences) if sentences is not None else file_sentences(),
+            model_writer=writer, **options
         )
     except RuntimeError as error:
         names = ", ".join(str(f) for f in files)
