@@ -1,146 +1,222 @@
-"""Is the input pipeline fast enough? Pipeline throughput vs. what training consumes.
+"""The paper-scale data path, measured: prepare, start-up, streaming, memory.
 
-Measures, on one corpus:
+On a WMT14-size corpus (4.5M pairs, 1.3 GB of text; made by
+`examples/make_wmt_size_corpus.py` from the real data in ../shared/data
+unless `--corpus` names a text folder), in one run, each step in its own
+process so that each peak memory is its own:
 
-1. the tf.data pipeline of `keras_transformer.data.make_dataset` alone, in
-   sentence pairs and tokens per second: the first training epoch (tokenize,
-   length policy, shuffle, bucket, pad, batch) and the next one (tokenized
-   ids cached in memory);
-2. what `model.fit` of the tiny preset consumes on the current Keras backend,
-   in target tokens per second, on batches cached in memory (so the pipeline
-   is not part of the measurement), after an epoch that compiles every shape.
+1. **prepare**: `keras-transformer prepare --preset small` (vocabulary of
+   8,000 trained on a 2M-sentence sample, every pair encoded once into
+   shuffled shards): wall time, peak RSS (target <= 4 GiB), bytes on disk;
+2. **the streaming pipeline alone** (`PreparedCorpus.dataset`, as training
+   reads it: interleaved shards, shuffle buffer, windowed bucketing, batch
+   shuffle, prefetch) for two whole epochs: non-pad target tokens/s of each
+   epoch (target >= 1,000,000 on 2 cores, the first epoch as fast as the
+   second) and the resident memory after 1,000 and after 10,000 batches
+   (target: within 10%);
+3. **start-up**: seconds from launching `keras-transformer train --data
+   <prepared> --preset small` in a fresh run folder to the end of its first
+   optimizer update (target <= 60 s); the process is stopped there.
 
-The pipeline should deliver at least 3x what training consumes (compared on
-the slower, first epoch; the script exits with 1 otherwise). Both run on
-the same CPU here; on an accelerator training is faster, so rerun it there.
+The pipeline runs with the `base` preset's batches by default (25,000 tokens
+per batch, `max_length` 256): what an accelerator training `base` consumes.
+Prints a table of figures and targets; `--json FILE` also writes them.
 
 Usage:
 
-    python examples/benchmark_data.py                 # Multi30k if present, else demo
-    python examples/benchmark_data.py --data demo --tokens-per-batch 4096
-    KERAS_BACKEND=jax python examples/benchmark_data.py
+    python examples/benchmark_data.py --workdir /tmp/bench            # 4.5M pairs
+    python examples/benchmark_data.py --workdir /tmp/b --pairs 200000 --epochs 1
+    python examples/benchmark_data.py --corpus ../shared/data/multi30k --workdir /tmp/m
 """
 
 import argparse
+import json
 import os
 import pathlib
+import re
+import resource
+import shutil
+import subprocess
 import sys
-import tempfile
 import time
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import keras_transformer  # noqa: E402
-from keras_transformer import data  # noqa: E402
-from keras_transformer.data import demo  # noqa: E402
-
-SHARED_DATA = pathlib.Path(
-    os.environ.get("KT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+sys.path.insert(0, str(REPO_ROOT / "examples"))
 
 
-def corpus_paths(name, workdir):
-    """(source_path, target_path, description) of the training corpus."""
-    multi30k = SHARED_DATA / "multi30k"
-    if name in ("auto", "multi30k") and (multi30k / "train.en").exists():
-        return multi30k / "train.en", multi30k / "train.de", f"Multi30k train ({multi30k})"
-    if name == "multi30k":
-        sys.exit(f"Multi30k not found under {SHARED_DATA}; set KT_SHARED_DATA or use --data demo")
-    paths = demo.write_demo_corpus(pathlib.Path(workdir) / "demo", seed=0)
-    return (*paths["train"], "demo corpus (generated, 50,000 train pairs)")
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def time_pipeline(pairs, tokenizer, args):
-    """Statistics and seconds of the first epoch (tokenizes) and the second (cached ids)."""
-    dataset = data.make_dataset(pairs, tokenizer, tokens_per_batch=args.tokens_per_batch,
-                                max_length=args.max_length, training=True, seed=0)
-    seconds = []
-    for _ in range(2):
-        start = time.perf_counter()
-        stats = data.batch_statistics(dataset)
-        seconds.append(time.perf_counter() - start)
-    return dataset, stats, seconds
+def current_rss_mib():
+    """Resident memory now (not the peak), from /proc/self/statm."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-class _EpochTimer(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds = time.perf_counter() - self.start
+def folder_bytes(folder):
+    return sum(p.stat().st_size for p in pathlib.Path(folder).rglob("*") if p.is_file())
 
 
-def time_training(dataset, vocab_size, num_batches):
-    """Target tokens/s that `model.fit` of the tiny preset consumes."""
-    batches = list(dataset.take(num_batches).as_numpy_iterator())
-    target_tokens = sum(int((inputs["target_ids"] != 0).sum()) for inputs, _ in batches)
+def make_corpus(args):
+    if args.corpus:
+        return pathlib.Path(args.corpus), "given"
+    import make_wmt_size_corpus
 
-    def cached():  # the batches, from memory, with a known number of steps
-        dataset = tf.data.Dataset.from_tensors(batches[0])
-        for batch in batches[1:]:
-            dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
-        return dataset
+    folder = pathlib.Path(args.workdir) / f"wmt_size_{args.pairs}"
+    marker = folder / ".complete"
+    if not marker.exists():
+        start = time.time()
+        make_wmt_size_corpus.write_corpus(folder, args.pairs)
+        marker.write_text("")
+        print(f"Generated {folder} ({args.pairs:,} pairs) in {time.time() - start:.0f} s",
+              flush=True)
+    return folder, "generated"
 
-    model = keras_transformer.build_model(preset="tiny", vocab_size=vocab_size)
-    keras_transformer.compile_model(model)
-    model.fit(cached(), epochs=1, verbose=0, shuffle=False)  # compiles every shape
-    timer = _EpochTimer()
-    model.fit(cached(), epochs=1, verbose=0, shuffle=False, callbacks=[timer])
-    return target_tokens, len(batches), timer.seconds
+
+def run_prepare(corpus, output, args):
+    """`keras-transformer prepare` in a child process: seconds, peak RSS (MiB), bytes."""
+    if output.exists() and not args.reuse_prepared:
+        shutil.rmtree(output)
+    command = [sys.executable, "-m", "keras_transformer", "prepare", "--data", str(corpus),
+               "--preset", "small", "--output", str(output)]
+    start = time.time()
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True)
+    seconds = time.time() - start
+    if result.returncode:
+        sys.exit(f"prepare failed:\n{result.stderr[-3000:]}")
+    print(result.stdout.strip(), flush=True)
+    # The largest RSS of any waited-for child so far: prepare is the first.
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"seconds": seconds, "peak_rss_mib": peak, "bytes": folder_bytes(output)}
+
+
+def pipeline_worker(prepared_dir, args):
+    """Runs in its own process: two epochs of the training pipeline, timed."""
+    from keras_transformer.data.prepared import PreparedCorpus
+
+    corpus = PreparedCorpus(prepared_dir)
+    dataset = corpus.dataset("train", tokens_per_batch=args.tokens_per_batch,
+                             max_length=args.max_length, training=True, seed=0)
+    batches, rss, epochs = 0, {}, []
+    for _ in range(args.epochs):
+        start, tokens, slots, epoch_batches = time.perf_counter(), 0, 0, 0
+        for _, labels in dataset.as_numpy_iterator():
+            tokens += int((labels != 0).sum())
+            slots += labels.size
+            batches += 1
+            epoch_batches += 1
+            if batches in (1_000, 10_000):
+                rss[batches] = current_rss_mib()
+            if args.max_batches and epoch_batches >= args.max_batches:
+                break
+        seconds = time.perf_counter() - start
+        epochs.append({"batches": epoch_batches, "target_tokens": tokens,
+                       "seconds": seconds, "tokens_per_second": tokens / seconds,
+                       "padding": 1 - tokens / max(slots, 1)})
+    print(json.dumps({"epochs": epochs, "rss_mib": rss}))
+
+
+def run_pipeline(prepared_dir, args):
+    command = [sys.executable, __file__, "--pipeline-worker", str(prepared_dir),
+               "--tokens-per-batch", str(args.tokens_per_batch), "--max-length",
+               str(args.max_length), "--epochs", str(args.epochs), "--max-batches",
+               str(args.max_batches or 0)]
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"the pipeline worker failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_startup(prepared_dir, workdir):
+    """Seconds from launching `train` to the log line of its first update."""
+    run_dir = pathlib.Path(workdir) / "startup_run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    command = [sys.executable, "-m", "keras_transformer", "train", "--data",
+               str(prepared_dir), "--preset", "small", "--train-steps", "100",
+               "--log-every", "1", "--validation-bleu-sentences", "0", "--export-dir", "",
+               "--output-dir", str(run_dir)]
+    start = time.time()
+    process = subprocess.Popen(command, env=_env(), stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in process.stderr:
+            lines.append(line.rstrip())
+            if re.search(r"\bupdate 1/100\b", line):
+                return time.time() - start, lines
+    finally:
+        process.kill()
+        process.wait()
+    sys.exit("train ended before its first update:\n" + "\n".join(lines[-30:]))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", choices=("auto", "multi30k", "demo"), default="auto")
-    parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--tokens-per-batch", type=int, default=4096)
-    parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--train-batches", type=int, default=16,
-                        help="batches timed in model.fit (after a compile epoch)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", help="corpus, preparation and run go here (required)")
+    parser.add_argument("--corpus", help="a text folder instead of the generated corpus")
+    parser.add_argument("--pairs", type=int, default=4_500_000)
+    parser.add_argument("--reuse-prepared", action="store_true",
+                        help="do not prepare again when the folder is up to date")
+    parser.add_argument("--tokens-per-batch", type=int, default=25_000)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--max-batches", type=int, default=0,
+                        help="stop each pipeline epoch after this many batches (0: whole)")
+    parser.add_argument("--skip-startup", action="store_true")
+    parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--pipeline-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.pipeline_worker:
+        return pipeline_worker(args.pipeline_worker, args)
+    if not args.workdir:
+        parser.error("--workdir is required")
 
-    with tempfile.TemporaryDirectory() as workdir:
-        source_path, target_path, description = corpus_paths(args.data, workdir)
-        start = time.perf_counter()
-        pairs = data.load_parallel_text(source_path, target_path)
-        tokenizer = data.train_tokenizer([source_path, target_path], args.vocab_size,
-                                         pathlib.Path(workdir) / "bench.model")
-        prepare = time.perf_counter() - start
-        print(f"corpus: {description}: {len(pairs)} pairs "
-              f"(read + tokenizer training, vocab {tokenizer.vocabulary_size()}: {prepare:.1f} s)")
-        counts = data.count_length_policy(pairs, tokenizer, args.max_length)
-        print(f"length policy (max_length={args.max_length}): training drops "
-              f"{counts.num_over_long} of {counts.num_pairs} pairs")
+    workdir = pathlib.Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    corpus, origin = make_corpus(args)
+    text_bytes = sum((corpus / f"train.{lang}").stat().st_size for lang in ("en", "de"))
+    prepared_dir = workdir / f"prepared_{corpus.name}"
+    prepare = run_prepare(corpus, prepared_dir, args)
+    manifest = json.loads((prepared_dir / "manifest.json").read_text())
+    pipeline = run_pipeline(prepared_dir, args)
+    startup = None if args.skip_startup else run_startup(prepared_dir, workdir)[0]
 
-        dataset, stats, seconds = time_pipeline(pairs, tokenizer, args)
-        tokens = stats.source_tokens + stats.target_tokens
-        print(f"pipeline: {stats.num_pairs} pairs, {stats.num_batches} batches per epoch "
-              f"(tokens_per_batch={args.tokens_per_batch}, {len(stats.shapes)} shapes, "
-              f"padding {stats.padding_fraction:.1%})")
-        for name, epoch_seconds in zip(("first epoch (tokenizes)", "next epochs (cached)"),
-                                       seconds):
-            print(f"  {name}: {epoch_seconds:.2f} s: "
-                  f"{stats.num_pairs / epoch_seconds:,.0f} pairs/s, "
-                  f"{tokens / epoch_seconds:,.0f} tokens/s (source+target), "
-                  f"{stats.target_tokens / epoch_seconds:,.0f} target tokens/s")
-        # The verdict uses the slower, first epoch.
-        pipeline_target = stats.target_tokens / max(seconds)
-
-        target_tokens, num_batches, train_seconds = time_training(
-            dataset, tokenizer.vocabulary_size(), args.train_batches)
-        training_target = target_tokens / train_seconds
-        print(f"training: tiny preset, backend {keras.backend.backend()}: "
-              f"{num_batches} steps in {train_seconds:.2f} s: "
-              f"{num_batches / train_seconds:.2f} steps/s, "
-              f"{training_target:,.0f} target tokens/s")
-        ratio = pipeline_target / training_target
-        verdict = "OK" if ratio >= 3 else "BOTTLENECK (< 3x)"
-        print(f"pipeline (first epoch) / training, target tokens/s: {ratio:.1f}x -> {verdict}")
-    return 0 if ratio >= 3 else 1
+    train = manifest["splits"]["train"]
+    print()
+    print(f"Corpus: {corpus} ({origin}), {train['pairs']:,} training pairs, "
+          f"{text_bytes / 2**30:.2f} GiB of text; {os.cpu_count()} CPU cores")
+    rows = [("prepare: wall time", f"{prepare['seconds']:.0f} s", ""),
+            ("prepare: peak RSS", f"{prepare['peak_rss_mib']:,.0f} MiB", "<= 4,096 MiB"),
+            ("prepare: bytes on disk", f"{prepare['bytes'] / 2**20:,.0f} MiB "
+             f"({len(train['shards'])} shards)", "")]
+    for number, epoch in enumerate(pipeline["epochs"], start=1):
+        rows.append((f"pipeline epoch {number}: target tokens/s",
+                     f"{epoch['tokens_per_second']:,.0f} ({epoch['batches']:,} batches, "
+                     f"{epoch['seconds']:.0f} s, padding {epoch['padding']:.1%})",
+                     ">= 1,000,000"))
+    rss = pipeline["rss_mib"]
+    if "1000" in rss and "10000" in rss:
+        growth = rss["10000"] / rss["1000"] - 1
+        rows.append(("pipeline RSS after 1,000 / 10,000 batches",
+                     f"{rss['1000']:,.0f} / {rss['10000']:,.0f} MiB ({growth:+.1%})",
+                     "within 10%"))
+    if startup is not None:
+        rows.append(("start-up: launch to first update", f"{startup:.1f} s", "<= 60 s"))
+    width = max(len(r[0]) for r in rows)
+    for name, value, target in rows:
+        print(f"  {name:<{width}}  {value:<48} {('target ' + target) if target else ''}")
+    print(f"(pipeline batches: {args.tokens_per_batch} tokens, max_length {args.max_length})")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"corpus": str(corpus), "pairs": train["pairs"], "text_bytes": text_bytes,
+             "prepare": prepare, "pipeline": pipeline, "startup_seconds": startup,
+             "tokens_per_batch": args.tokens_per_batch, "max_length": args.max_length},
+            indent=1))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -115,16 +115,23 @@ def default_prepared_dir(settings, inputs, tokenizer_file=None):
 
 def _given_tokenizer(settings, run):
     """The vocabulary a run must keep: its own, or `--init-from`'s; `None` for a new one."""
-    if run.tokenizer_file.is_file():
-        return run.tokenizer_file
+    source_spm = None
     if settings.init_from:
         source_run = runs.find_run_dir(settings.init_from)
         if source_run is None and not pathlib.Path(settings.init_from).exists():
             raise runs.RunError(f"--init-from {settings.init_from} does not exist (a run "
                                 "folder or a .weights.h5 file)")
         if source_run is not None:
-            return source_run / runs.TOKENIZER_FILE
-    return None
+            source_spm = source_run / runs.TOKENIZER_FILE
+    if run.tokenizer_file.is_file():
+        if source_spm is not None and (runs.file_sha256(source_spm)
+                                       != run.tokenizer_hash()):
+            raise runs.RunError(
+                f"--init-from {settings.init_from}: its vocabulary {source_spm} differs "
+                f"from this run's {run.tokenizer_file}; fine-tune in a new --output-dir "
+                "(it takes the vocabulary of the weights it starts from)")
+        return run.tokenizer_file
+    return source_spm
 
 
 def prepare_data(settings, run):

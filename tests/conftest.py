@@ -52,6 +52,8 @@ BACKEND_INDEPENDENT_MODULES = {
     # Prepared corpora: SentencePiece, TFRecord shards, tf.data streaming, and
     # the prepare / train commands in subprocesses.
     "test_prepared.py",
+    # The WMT-size corpus generator and the data benchmark (subprocesses).
+    "test_benchmark_data.py",
     # Every test runs its models in subprocesses with KERAS_BACKEND set
     # explicitly (tensorflow for tf.distribute, jax for data parallelism).
     "test_distributed.py",

@@ -411,14 +411,29 @@ def prepare(inputs, output_dir, *, vocab_size, tokenizer_file=None, num_shards=N
             logger.info(f"Encoding with the given vocabulary {tokenizer_file}")
         else:
             tokenizer_start = time.time()
-            sentences = (text for _, source, target in _iter_pairs(inputs.train, "train")
-                         for text in (source, target) if text.strip())
+            failures = []
+
+            def sentences():
+                # SentencePiece turns an exception of its input iterator into
+                # a multi-line RuntimeError: keep ours, stop, raise it after.
+                try:
+                    for _, source, target in _iter_pairs(inputs.train, "train"):
+                        for text in (source, target):
+                            if text.strip():
+                                yield text
+                except CorpusError as error:
+                    failures.append(error)
+
             try:
                 tokenizer = train_tokenizer(
                     [p for p in inputs.files().get("train", ())], vocab_size, spm_file,
-                    max_sentences=tokenizer_sample, seed=seed, sentences=sentences)
+                    max_sentences=tokenizer_sample, seed=seed, sentences=sentences())
             except ValueError as error:
+                if failures:
+                    raise failures[0] from None
                 raise PreparedCorpusError(f"--vocab-size {vocab_size}: {error}") from None
+            if failures:
+                raise failures[0]
             logger.info(f"Trained the shared vocabulary ({tokenizer.vocabulary_size()} ids) "
                         f"on a sample of at most {tokenizer_sample:,} sentences in "
                         f"{time.time() - tokenizer_start:.0f} s")
