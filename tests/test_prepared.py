@@ -1,6 +1,7 @@
 """Prepared corpora: the manifest, the streamed batches, reuse and re-preparation, damage."""
 
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -312,3 +313,28 @@ def test_the_manifest_is_json_with_the_documented_fields(corpus):
     assert manifest["record"]["dtype"] == "uint16"
     for shard in manifest["splits"]["train"]["shards"]:
         assert prepared.file_sha256(corpus.directory / shard["file"]) == shard["sha256"]
+
+
+def test_a_tf_data_corpus_prepares_like_its_text_files(corpus, corpus_dir, tmp_path):
+    """The tfds WMT14 path: splits given as (functions returning) Datasets of string pairs."""
+    import tensorflow as tf
+
+    def dataset(split):
+        def load():  # what load_wmt14(split) returns: (en, de) scalar strings
+            return tf.data.Dataset.from_tensor_slices(
+                (_lines(corpus_dir / f"{split}.en"), _lines(corpus_dir / f"{split}.de")))
+        return load
+
+    inputs = prepared.CorpusInputs("wmt14", train=dataset("train"), valid=dataset("valid"),
+                                   test=dataset("test"), key={"tfds": "test", "v": 1})
+    from_data = prepared.ensure_prepared(inputs, tmp_path / "p", vocab_size=600,
+                                         num_shards=3, max_length=48)
+    # The same pairs, statistics and (same seed) the same shards as from the files.
+    for split in ("train", "valid"):
+        ours, theirs = from_data.split(split), corpus.split(split)
+        assert {k: v for k, v in ours.items()} == {k: v for k, v in theirs.items()}
+    # valid/test text is kept for BLEU; the key decides reuse.
+    assert _lines(from_data.text_paths("test")[1]) == _lines(corpus_dir / "test.de")
+    assert prepared.stale_reason(tmp_path / "p", inputs, vocab_size=600) is None
+    other = dataclasses.replace(inputs, key={"tfds": "test", "v": 2})
+    assert "was prepared from" in prepared.stale_reason(tmp_path / "p", other, vocab_size=600)

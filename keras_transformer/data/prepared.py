@@ -120,7 +120,9 @@ class CorpusInputs:
     Attributes:
         name: a short name (`multi30k`, `wmt14`, `demo`), used in folder names.
         train: `(source_path, target_path)` text files, or a `tf.data.Dataset`
-            of `(source, target)` scalar strings (e.g. `load_wmt14("train")`).
+            of `(source, target)` scalar strings, or a function returning one
+            (e.g. `lambda: load_wmt14("train")`, called only if a preparation
+            is needed).
         valid: the same for the validation split, or `None`.
         test: `(source_path, target_path)` text files of the test split, or
             `None`; recorded, not encoded (beam search reads the text).
@@ -272,10 +274,16 @@ def _folder_lock(directory):
 
 
 def _iter_pairs(value, what):
-    """`(line_number, source, target)` of text files or of a Dataset of string pairs."""
+    """`(line_number, source, target)` of text files or of a Dataset of string pairs.
+
+    `value` may also be a function returning the Dataset (e.g. `lambda:
+    load_wmt14("train")`), called only when the split is read.
+    """
     if isinstance(value, (tuple, list)):
         yield from iter_parallel_lines(*value)
         return
+    if callable(value) and not hasattr(value, "as_numpy_iterator"):
+        value = value()
     for number, (source, target) in enumerate(value.as_numpy_iterator(), start=1):
         yield number, source.decode("utf-8"), target.decode("utf-8")
 
