@@ -44,7 +44,6 @@ import contextlib
 import dataclasses
 import datetime
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -59,6 +58,7 @@ import time
 import numpy as np
 
 from keras_transformer.data.readers import CorpusError, iter_parallel_lines
+from keras_transformer.runs import file_sha256
 
 logger = logging.getLogger("keras_transformer")
 
@@ -80,14 +80,6 @@ class PreparedCorpusError(CorpusError):
 
 
 # --- inputs --------------------------------------------------------------------------
-
-
-def file_sha256(path, chunk=2**22):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def describe_file(path, *, sha256=True):
