@@ -107,10 +107,10 @@ def corpus_inputs(data, work_dir, *, seed=0):
 
 def default_prepared_dir(settings, inputs, tokenizer_file=None):
     """`<runs folder>/prepared/<corpus>_v<vocab>` (or `_spm-<hash>` for a given vocabulary)."""
-    root = pathlib.Path(settings.output_dir).parent / "prepared"
-    if tokenizer_file is not None:
-        return root / f"{inputs.name}_spm-{runs.file_sha256(tokenizer_file)[:10]}"
-    return root / f"{inputs.name}_v{settings.vocab_size}"
+    from keras_transformer.data import prepared
+
+    return prepared.default_directory(pathlib.Path(settings.output_dir).parent / "prepared",
+                                      inputs, settings.vocab_size, tokenizer_file)
 
 
 def _given_tokenizer(settings, run):

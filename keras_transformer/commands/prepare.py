@@ -69,25 +69,16 @@ def run_prepare(args):
     max_length = args.max_length or PRESET_DEFAULTS[args.preset]["max_length"]
     root = pathlib.Path("runs") / "prepared"
     inputs = corpus_inputs(args.data, root, seed=args.seed)
-    if args.output:
-        output = pathlib.Path(args.output)
-    elif args.tokenizer:
-        from keras_transformer.runs import file_sha256
-
-        output = root / f"{inputs.name}_spm-{file_sha256(args.tokenizer)[:10]}"
-    else:
-        output = root / f"{inputs.name}_v{vocab_size}"
+    output = args.output or prepared.default_directory(root, inputs, vocab_size,
+                                                       args.tokenizer)
     options = dict(seed=args.seed, max_length=max_length, num_shards=args.num_shards)
     if args.tokenizer_sample:
         options["tokenizer_sample"] = args.tokenizer_sample
-    reused = prepared.stale_reason(output, inputs, vocab_size=vocab_size,
-                                   tokenizer_file=args.tokenizer) is None
+    # A reused preparation's shards are checked by sha256.
     corpus = prepared.ensure_prepared(inputs, output, vocab_size=vocab_size,
-                                      tokenizer_file=args.tokenizer, **options)
-    if reused:
-        corpus.check(deep=True)  # every shard's sha256
+                                      tokenizer_file=args.tokenizer, verify=True, **options)
     counts = corpus.length_policy("train", max_length)
     print(f"{corpus.directory}: {corpus.summary()}; the length policy (max {max_length} "
           f"tokens) drops {counts.num_over_long:,} training pairs"
-          f"{' (up to date, shards verified)' if reused else ''}")
+          f"{' (up to date, shards verified)' if corpus.reused else ''}")
     return 0

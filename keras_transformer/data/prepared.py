@@ -538,13 +538,26 @@ def stale_reason(output_dir, inputs, *, vocab_size, tokenizer_file=None):
     return None
 
 
-def ensure_prepared(inputs, output_dir, *, vocab_size, tokenizer_file=None, **options):
+def default_directory(root, inputs, vocab_size, tokenizer_file=None):
+    """`<root>/<corpus>_v<vocab_size>`, or `<root>/<corpus>_spm-<hash>` for a given vocabulary.
+
+    Where `train --data` and `prepare` put a preparation unless told.
+    """
+    root = pathlib.Path(root)
+    if tokenizer_file is not None:
+        return root / f"{inputs.name}_spm-{file_sha256(tokenizer_file)[:10]}"
+    return root / f"{inputs.name}_v{vocab_size}"
+
+
+def ensure_prepared(inputs, output_dir, *, vocab_size, tokenizer_file=None, verify=False,
+                    **options):
     """The `PreparedCorpus` of `inputs` in `output_dir`, prepared (again) only when needed.
 
     A preparation is reused when its inputs are unchanged (same paths and
     contents) and it has the vocabulary asked for; otherwise it is prepared
     again and the log says why. Two processes never prepare the same folder
-    at once (a lock file beside it).
+    at once (a lock file beside it). The corpus's `reused` attribute says
+    which happened; `verify=True` checks a reused one's shards by sha256.
     """
     output_dir = pathlib.Path(output_dir)
     with _folder_lock(output_dir):
@@ -556,12 +569,15 @@ def ensure_prepared(inputs, output_dir, *, vocab_size, tokenizer_file=None, **op
             reason = f"{shards} shards are asked for"
         if reason is None:
             corpus = PreparedCorpus(output_dir)
-            corpus.check()
+            corpus.check(deep=verify)
             logger.info(f"Using the prepared corpus {output_dir}: {corpus.summary()}")
+            corpus.reused = True
             return corpus
         logger.info(f"Preparing {inputs.name} into {output_dir} ({reason})")
-        return prepare(inputs, output_dir, vocab_size=vocab_size,
-                       tokenizer_file=tokenizer_file, **options)
+        corpus = prepare(inputs, output_dir, vocab_size=vocab_size,
+                         tokenizer_file=tokenizer_file, **options)
+        corpus.reused = False
+        return corpus
 
 
 # --- reading -------------------------------------------------------------------------
@@ -712,4 +728,4 @@ class PreparedCorpus:
 
 
 __all__ = ["CorpusInputs", "PreparedCorpus", "PreparedCorpusError", "ensure_prepared",
-           "is_prepared", "length_policy_counts", "prepare", "stale_reason", "text_inputs"]
+           "default_directory", "is_prepared", "length_policy_counts", "prepare", "stale_reason", "text_inputs"]
