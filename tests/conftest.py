@@ -29,6 +29,32 @@ def shared_data():
     return SHARED_DATA
 
 
+def copy_corpus_head(source, folder, counts):
+    """Writes the first lines of a corpus folder's splits into `folder`.
+
+    `counts` holds `(split, source_split, number_of_lines)`; both languages
+    are copied, so the pairs stay aligned.
+    """
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, origin, count in counts:
+        for lang in ("en", "de"):
+            lines = (source / f"{origin}.{lang}").read_text(encoding="utf-8").splitlines()
+            (folder / f"{split}.{lang}").write_text("\n".join(lines[:count]) + "\n",
+                                                    encoding="utf-8")
+    return folder
+
+
+def multi30k_head(folder, counts):
+    """`copy_corpus_head` of ../shared/data/multi30k; skips (fails under CI) without it."""
+    source = SHARED_DATA / "multi30k"
+    if not (source / "train.en").exists():
+        if REQUIRE_SHARED_DATA:
+            pytest.fail(f"{source} not found and KT_REQUIRE_SHARED_DATA is set")
+        pytest.skip(f"{source} not found")
+    return copy_corpus_head(source, folder, counts)
+
+
 # Tests whose outcome cannot depend on KERAS_BACKEND: they exercise TensorFlow,
 # tf.data, tf-text or plain Python only, or run every model in a subprocess
 # that sets KERAS_BACKEND itself. They get the `backend_independent` marker,

@@ -19,28 +19,13 @@ from keras_transformer.data.pipeline import bucket_boundaries
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _write_corpus(folder, source, counts=(("train", "train", 1200), ("valid", "valid", 150),
-                                          ("test", "test", 8))):
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, origin, count in counts:
-        for lang in ("en", "de"):
-            lines = (source / f"{origin}.{lang}").read_text(encoding="utf-8").splitlines()
-            (folder / f"{split}.{lang}").write_text("\n".join(lines[:count]) + "\n",
-                                                    encoding="utf-8")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
     """1,200 Multi30k training pairs (with two empty lines and a very long pair), 150 valid."""
-    from conftest import REQUIRE_SHARED_DATA, SHARED_DATA
+    from conftest import multi30k_head
 
-    source = SHARED_DATA / "multi30k"
-    if not (source / "train.en").exists():
-        if REQUIRE_SHARED_DATA:
-            pytest.fail(f"{source} not found and KT_REQUIRE_SHARED_DATA is set")
-        pytest.skip(f"{source} not found")
-    folder = _write_corpus(tmp_path_factory.mktemp("prep") / "m30k", source)
+    folder = multi30k_head(tmp_path_factory.mktemp("prep") / "m30k", (
+        ("train", "train", 1200), ("valid", "valid", 150), ("test", "test", 8)))
     for lang, extra in (("en", ["", "A dog.", " ".join(["very long"] * 60)]),
                         ("de", ["Ein Hund.", "", " ".join(["sehr lang"] * 60)])):
         path = folder / f"train.{lang}"
@@ -204,9 +189,11 @@ def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path):
 
 
 def test_a_changed_input_or_vocabulary_prepares_again(corpus_dir, tmp_path, caplog):
-    folder = _write_corpus(tmp_path / "c", corpus_dir, (("train", "train", 300),
-                                                         ("valid", "valid", 20),
-                                                         ("test", "test", 5)))
+    from conftest import copy_corpus_head
+
+    folder = copy_corpus_head(corpus_dir, tmp_path / "c", (("train", "train", 300),
+                                                           ("valid", "valid", 20),
+                                                           ("test", "test", 5)))
     inputs = prepared.text_inputs(folder)
     output = tmp_path / "p"
     caplog.set_level(logging.INFO, logger="keras_transformer")

@@ -227,21 +227,10 @@ def test_tokens_per_update_do_not_depend_on_replicas_or_accumulation(shared_data
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory):
     """1,000 Multi30k training pairs, 100 validation, 8 test."""
-    from conftest import SHARED_DATA, REQUIRE_SHARED_DATA
+    from conftest import multi30k_head
 
-    source = SHARED_DATA / "multi30k"
-    if not (source / "train.en").exists():
-        if REQUIRE_SHARED_DATA:
-            pytest.fail(f"{source} not found and KT_REQUIRE_SHARED_DATA is set")
-        pytest.skip(f"{source} not found")
-    folder = tmp_path_factory.mktemp("corpus")
-    for split, origin, count in (("train", "train", 1000), ("valid", "valid", 100),
-                                 ("test", "test", 8)):
-        for lang in ("en", "de"):
-            lines = (source / f"{origin}.{lang}").read_text(encoding="utf-8").splitlines()
-            (folder / f"{split}.{lang}").write_text("\n".join(lines[:count]) + "\n",
-                                                    encoding="utf-8")
-    return folder
+    return multi30k_head(tmp_path_factory.mktemp("corpus"), (
+        ("train", "train", 1000), ("valid", "valid", 100), ("test", "test", 8)))
 
 
 def _env():
