@@ -25,6 +25,7 @@ import sys
 import time
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
 SHARED_DATA = pathlib.Path(
     os.environ.get("KT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 NEWS_YEARS = (2009, 2010, 2011, 2015, 2016, 2017, 2018, 2019, 2020)
@@ -32,15 +33,13 @@ NEWS_YEARS = (2009, 2010, 2011, 2015, 2016, 2017, 2018, 2019, 2020)
 
 def source_pairs(shared=SHARED_DATA):
     """The real training pairs this script repeats, as a list of (en, de) lines."""
-    files = [shared / "europarl_v7_sample" / "train"]
-    files += [shared / "newstest_extra" / f"newstest{year}" for year in NEWS_YEARS]
+    from keras_transformer.data import load_parallel_text
+
+    stems = [shared / "europarl_v7_sample" / "train"]
+    stems += [shared / "newstest_extra" / f"newstest{year}" for year in NEWS_YEARS]
     pairs = []
-    for stem in files:
-        english = stem.with_suffix(".en").read_text(encoding="utf-8").split("\n")[:-1]
-        german = stem.with_suffix(".de").read_text(encoding="utf-8").split("\n")[:-1]
-        if len(english) != len(german):
-            raise SystemExit(f"{stem}.en and {stem}.de differ in length")
-        pairs.extend((e, d) for e, d in zip(english, german) if e.strip() and d.strip())
+    for stem in stems:  # checked aligned; pairs with an empty side left out
+        pairs.extend(load_parallel_text(stem.with_suffix(".en"), stem.with_suffix(".de")))
     return pairs
 
 
