@@ -1,0 +1,609 @@
+"""Exports a `Transformer` to CTranslate2, and translates with the exported folder.
+
+`export_ctranslate2` fills a `ctranslate2.specs.TransformerSpec` with the
+model's weights (read as NumPy arrays through the layers' attributes, so it
+works under any Keras backend) and saves it through a small
+`ctranslate2.converters.Converter`, optionally quantized. The folder holds
+what `ctranslate2.Translator` loads (`model.bin`, `config.json`,
+`shared_vocabulary.json`, or `source_`/`target_vocabulary.json` for untied
+embeddings), plus `spm.model` (the SentencePiece model, to make the pieces)
+and `keras_transformer.json` (the model's `TransformerConfig` and how the
+folder was made).
+
+How our model maps onto CTranslate2's Transformer:
+
+- Post-norm (the paper) is `pre_norm=False`; pre-norm (`norm_first`) is
+  `pre_norm=True` with the stacks' final LayerNorms. The LayerNorm epsilon is
+  written to the model's `config.json` (`layer_norm_epsilon`).
+- Embeddings: the shared (or source/target) matrices, scaled by
+  sqrt(d_model) (`scale_embeddings`); the tied pre-softmax projection is the
+  target matrix, an untied `output_projection` its kernel and bias.
+- Positions: our encodings are the paper's interleaved sin/cos with the
+  first token (BOS in the decoder) at position 0, while CTranslate2's
+  built-in sinusoid is [sin | cos] halves starting at position 1. The
+  encodings are therefore written as a table (`position_encodings/
+  encodings`): the learned table as it is (`max_length` rows), or our
+  sinusoid for `max_length + max_extra_length` positions (the longest
+  output `Translator` produces from a `max_length`-id source).
+- Attention: the query, key and value projections are fused as CTranslate2
+  expects (q|k|v for self-attention, k|v for cross-attention); heads of
+  `key_dim != d_model / num_heads` are declared with `head_dim`. Keys and
+  values of different widths (`value_dim != key_dim`) have no CTranslate2
+  layout and are refused.
+- Tokens: the vocabulary is the SentencePiece pieces in id order, so
+  CTranslate2's ids are ours; `bos_token`, `eos_token`, `unk_token` and the
+  `decoder_start_token` are the pieces of our BOS, EOS and UNK ids, and
+  `add_source_eos=True` appends EOS to the source as `Translator.encode`
+  does (no BOS).
+
+`CTranslate2Translator` runs an exported folder: SentencePiece pieces in
+(truncated to `max_length - 1` so that with EOS the source has at most
+`max_length` ids, as `Translator.encode` keeps), pieces out (cut at EOS,
+without pad/BOS, per-sentence length limit `source ids + max_extra_length`),
+detokenized by SentencePiece. It imports neither Keras nor TensorFlow, so
+a benchmark can time it in a process of its own.
+
+Decoding differences with `keras_transformer.decoding` at the same beam size:
+
+- Greedy decoding (beam 1) gives the same tokens (CTranslate2's
+  `min_decoding_length` is set to 0, as our search may emit EOS first).
+- Beam search: CTranslate2 divides a finished hypothesis' log-probability
+  by `|Y| ** length_penalty` (`|Y|` counting EOS, since `return_end_token`
+  is set), ours by GNMT's `((5 + |Y|) / 6) ** alpha`. It ranks the alive
+  beams by raw log-probability, as ours does, but stops a sentence once
+  `beam_size` hypotheses have finished (`patience=1`) and returns the best
+  normalised one; ours stops once no alive hypothesis can still beat the
+  best finished one. `length_penalty=alpha` is the closest setting; the
+  ratio of the two penalties between lengths n and m is
+  `(n / m) ** alpha` against `((5 + n) / (5 + m)) ** alpha`, so
+  CTranslate2's normalisation favours longer outputs a little more.
+
+Example:
+
+>>> export_ctranslate2_from_run("runs/demo_tiny", quantization="int8")
+PosixPath('saved_models/demo_tiny-ct2-int8')
+>>> translator = CTranslate2Translator("saved_models/demo_tiny-ct2-int8")
+>>> translator.translate(["Hello world."], beam_size=4, length_penalty=0.6)
+['Hallo Welt.']
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+import numpy as np
+
+DEFAULT_BASE = "saved_models"
+FOLDER_SUFFIX = "-ct2"
+TOKENIZER_FILE = "spm.model"
+INFO_FILE = "keras_transformer.json"
+# Weight types of CTranslate2's `quantization` argument (float32 is the default).
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                 "float16", "bfloat16")
+# Positions of the sinusoid table beyond `max_length`: Translator's default
+# max_extra_length (outputs up to source length + 50 ids, as in the paper).
+EXTRA_POSITIONS = 50
+INSTALL_HINT = ("CTranslate2 export needs the ctranslate2 package: pip install ctranslate2 "
+                "(or pip install 'keras-transformer[ctranslate2]')")
+
+__all__ = [
+    "CTranslate2NotInstalled", "CTranslate2Translator", "QUANTIZATIONS",
+    "default_output_dir", "export_ctranslate2", "export_ctranslate2_from_run",
+]
+
+
+class CTranslate2NotInstalled(ImportError):
+    """The `ctranslate2` package is missing; the message says how to install it."""
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise CTranslate2NotInstalled(INSTALL_HINT) from None
+    return ctranslate2
+
+
+def default_output_dir(export_dir, model_name, quantization=None):
+    """`<export_dir>/<model_name>-ct2[-<quantization>]`, the command's default folder."""
+    suffix = FOLDER_SUFFIX + (f"-{quantization}" if quantization else "")
+    return pathlib.Path(export_dir) / f"{model_name}{suffix}"
+
+
+# --- weights as NumPy arrays -------------------------------------------------------
+
+
+def _numpy(variable):
+    import keras
+
+    return np.asarray(keras.ops.convert_to_numpy(variable), dtype="float32")
+
+
+def _check_float_layer(layer):
+    mode = getattr(layer, "quantization_mode", None)
+    if mode is not None:
+        raise ValueError(
+            f"layer {layer.name} is quantized by Keras ({mode}); export the float model "
+            "and let CTranslate2 quantize it (quantization='int8', --quantize int8)")
+
+
+def _set_linear(spec, dense, bias=True):
+    """A Keras Dense `(in, out)` kernel into a CTranslate2 `(out, in)` LinearSpec."""
+    _check_float_layer(dense)
+    spec.weight = np.ascontiguousarray(_numpy(dense.kernel).T)
+    if bias and dense.use_bias:
+        spec.bias = _numpy(dense.bias)
+
+
+def _set_fused(spec, denses):
+    """Several Dense layers of one input as one LinearSpec, outputs concatenated."""
+    for dense in denses:
+        _check_float_layer(dense)
+    spec.weight = np.ascontiguousarray(
+        np.concatenate([_numpy(d.kernel).T for d in denses], axis=0))
+    if all(d.use_bias for d in denses):
+        spec.bias = np.concatenate([_numpy(d.bias) for d in denses], axis=0)
+    elif any(d.use_bias for d in denses):
+        raise ValueError("attention projections with and without biases cannot be fused")
+
+
+def _set_layer_norm(spec, norm):
+    if not (norm.center and norm.scale):
+        raise ValueError(f"LayerNormalization {norm.name} needs both gamma and beta")
+    spec.gamma = _numpy(norm.gamma)
+    spec.beta = _numpy(norm.beta)
+
+
+def _set_self_attention(spec, attention, norm):
+    _set_fused(spec.linear[0], [attention.query_dense, attention.key_dense,
+                                attention.value_dense])
+    _set_linear(spec.linear[1], attention.output_dense)
+    _set_layer_norm(spec.layer_norm, norm)
+
+
+def _set_cross_attention(spec, attention, norm):
+    _set_linear(spec.linear[0], attention.query_dense)
+    _set_fused(spec.linear[1], [attention.key_dense, attention.value_dense])
+    _set_linear(spec.linear[2], attention.output_dense)
+    _set_layer_norm(spec.layer_norm, norm)
+
+
+def _set_ffn(spec, layer):
+    _set_linear(spec.linear_0, layer.ffn_inner)
+    _set_linear(spec.linear_1, layer.ffn_output)
+    _set_layer_norm(spec.layer_norm, layer.ffn_norm)
+
+
+def _embedding_matrix(embedding):
+    _check_float_layer(embedding)
+    return _numpy(embedding.embeddings)  # (vocab_size, d_model)
+
+
+def position_table(stack, num_positions):
+    """The `(num_positions, d_model)` encodings a stack adds, row p for position p.
+
+    Args:
+        stack: a built `TransformerEncoder` or `TransformerDecoder`.
+        num_positions: rows of the sinusoid table (a learned table keeps its
+            own `max_length` rows).
+
+    Returns:
+        A float32 NumPy array, computed by the stack's own
+        `PositionalEncoding` layer (on zeros), so its layout and offset are
+        the model's by construction.
+    """
+    layer = stack.positional_encoding
+    if layer.learned:
+        num_positions = layer.max_length
+    zeros = np.zeros((1, num_positions, stack.d_model), "float32")
+    return _numpy(layer(zeros, start_index=0))[0]
+
+
+def _check_supported(config):
+    if config.value_dim != config.key_dim:
+        raise ValueError(
+            f"CTranslate2 needs value_dim == key_dim (fused key/value projections); "
+            f"this model has key_dim={config.key_dim}, value_dim={config.value_dim}")
+
+
+def build_spec(model, tokenizer, *, extra_positions=EXTRA_POSITIONS):
+    """A validated `ctranslate2.specs.TransformerSpec` holding the model's weights.
+
+    Args:
+        model: a built `keras_transformer.Transformer`.
+        tokenizer: its `keras_transformer.data.Tokenizer` (the pieces become
+            the vocabulary).
+        extra_positions: sinusoid rows beyond `config.max_length`.
+
+    Returns:
+        The spec, ready for `spec.optimize(...)` and `spec.save(...)`.
+    """
+    _ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    config = model.config
+    _check_supported(config)
+    head_dim = None
+    if config.key_dim * config.num_heads != config.d_model:
+        head_dim = config.key_dim
+    common = dict(pre_norm=config.norm_first, activation=common_spec.Activation.RELU,
+                  head_dim=head_dim)
+    encoder_spec = transformer_spec.TransformerEncoderSpec(
+        config.num_layers, config.num_heads, **common)
+    decoder_spec = transformer_spec.TransformerDecoderSpec(
+        config.num_layers, config.num_heads, **common)
+    spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
+
+    num_positions = config.max_length + extra_positions
+    source_matrix = _embedding_matrix(model.source_embedding)
+    target_matrix = _embedding_matrix(model.target_embedding)
+
+    # Encoder.
+    encoder = model.encoder
+    encoder_spec.embeddings[0].weight = source_matrix
+    encoder_spec.scale_embeddings = bool(model.source_embedding.scale)
+    encoder_spec.position_encodings.encodings = position_table(encoder, num_positions)
+    for layer_spec, layer in zip(encoder_spec.layer, encoder.stack):
+        _set_self_attention(layer_spec.self_attention, layer.self_attention,
+                            layer.self_attention_norm)
+        _set_ffn(layer_spec.ffn, layer)
+    if config.norm_first:
+        _set_layer_norm(encoder_spec.layer_norm, encoder.final_norm)
+
+    # Decoder.
+    decoder = model.decoder
+    decoder_spec.embeddings.weight = target_matrix
+    decoder_spec.scale_embeddings = bool(model.target_embedding.scale)
+    decoder_spec.position_encodings.encodings = position_table(decoder, num_positions)
+    for layer_spec, layer in zip(decoder_spec.layer, decoder.stack):
+        _set_self_attention(layer_spec.self_attention, layer.self_attention,
+                            layer.self_attention_norm)
+        _set_cross_attention(layer_spec.attention, layer.cross_attention,
+                             layer.cross_attention_norm)
+        _set_ffn(layer_spec.ffn, layer)
+    if config.norm_first:
+        _set_layer_norm(decoder_spec.layer_norm, decoder.final_norm)
+    if model.output_projection is None:
+        decoder_spec.projection.weight = target_matrix  # tied: logits = x E^T
+    else:
+        _set_linear(decoder_spec.projection, model.output_projection)
+
+    # Vocabulary and special tokens.
+    pieces = vocabulary_pieces(tokenizer, config.vocab_size)
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    spec.config.bos_token = pieces[config.bos_id]
+    spec.config.eos_token = pieces[config.eos_id]
+    spec.config.unk_token = pieces[config.unk_id]
+    spec.config.decoder_start_token = pieces[config.bos_id]
+    spec.config.add_source_bos = False
+    spec.config.add_source_eos = True
+    spec.config.layer_norm_epsilon = float(config.layer_norm_epsilon)
+    spec.validate()
+    return spec
+
+
+def vocabulary_pieces(tokenizer, vocab_size):
+    """The SentencePiece pieces in id order, padded with unused names to `vocab_size`."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(tokenizer.model_proto)
+    pieces = [processor.IdToPiece(i) for i in range(processor.GetPieceSize())]
+    if len(pieces) > vocab_size:
+        raise ValueError(f"the tokenizer has {len(pieces)} pieces but the model's "
+                         f"vocabulary only {vocab_size}")
+    taken = set(pieces)
+    i = 0
+    while len(pieces) < vocab_size:  # ids the tokenizer never produces
+        name = f"<unused_{i}>"
+        i += 1
+        if name not in taken:
+            pieces.append(name)
+    if len(set(pieces)) != len(pieces):
+        raise ValueError("the tokenizer's pieces are not unique; CTranslate2 maps "
+                         "pieces to ids by name")
+    return pieces
+
+
+def _converter(spec):
+    """A `ctranslate2.converters.Converter` whose `_load` returns `spec`."""
+    from ctranslate2.converters import Converter
+
+    class _SpecConverter(Converter):
+        def _load(self):
+            return spec
+
+    return _SpecConverter()
+
+
+# --- export ------------------------------------------------------------------------
+
+
+def export_ctranslate2(model, tokenizer, output_dir, *, quantization=None, overwrite=False,
+                       extra_positions=EXTRA_POSITIONS, source=None):
+    """Writes a model as a CTranslate2 model folder that `ctranslate2.Translator` loads.
+
+    Works under any Keras backend. The folder is written next to
+    `output_dir` under a hidden temporary name and renamed into place, so a
+    failed export leaves nothing under `output_dir`.
+
+    Args:
+        model: a `keras_transformer.Transformer` (float weights; Keras-quantized
+            models are refused: pass `quantization` instead).
+        tokenizer: its `keras_transformer.data.Tokenizer`.
+        output_dir: the model folder to write.
+        quantization: `None` (float32 weights) or one of `QUANTIZATIONS`,
+            e.g. `"int8"` (CTranslate2 quantizes the linear and embedding
+            weights per output row).
+        overwrite: replace an existing `output_dir`; otherwise an existing
+            folder raises `FileExistsError`.
+        extra_positions: sinusoid positions beyond `config.max_length`.
+        source: optional dict stored in `keras_transformer.json` (e.g. the
+            run folder and weights it came from).
+
+    Returns:
+        The `pathlib.Path` of the written folder.
+
+    Raises:
+        CTranslate2NotInstalled: the ctranslate2 package is missing.
+        FileExistsError: `output_dir` exists and `overwrite` is false.
+        ValueError: the model has no CTranslate2 equivalent, or a bad
+            `quantization`.
+
+    Example:
+
+    >>> export_ctranslate2(model, tokenizer, "ct2/demo", quantization="int8")
+    PosixPath('ct2/demo')
+    """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or None, "
+                         f"received {quantization!r}")
+    output_dir = pathlib.Path(output_dir)
+    if output_dir.exists() and not overwrite:
+        raise FileExistsError(f"{output_dir} already exists; pass overwrite=True "
+                              "(--overwrite) to replace it")
+    ctranslate2 = _ctranslate2()
+    spec = build_spec(model, tokenizer, extra_positions=extra_positions)
+    # Read before `convert` optimizes the spec (equal tables become aliases).
+    position_rows = int(spec.decoder.position_encodings.encodings.shape[0])
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".tmp-{output_dir.name}-",
+                                            dir=output_dir.parent))
+    try:
+        written = staging / "model"
+        _converter(spec).convert(str(written), quantization=quantization)
+        (written / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
+        info = {
+            "format": "ctranslate2",
+            "config": model.config.to_dict(),
+            "quantization": quantization,
+            "tokenizer": TOKENIZER_FILE,
+            "position_table_rows": position_rows,
+            "ctranslate2": ctranslate2.__version__,
+            "source": source or {},
+        }
+        (written / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        if output_dir.exists():
+            shutil.rmtree(output_dir)
+        os.replace(written, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir
+
+
+def export_ctranslate2_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
+                                weights=None, quantization=None, output_dir=None,
+                                overwrite=False, verbose=False):
+    """Exports a training run folder as a CTranslate2 model folder.
+
+    Args:
+        run_dir: the training job's output folder (`model.keras` or
+            `config.json` + checkpoints, and `spm.model`).
+        export_dir: base folder; the model goes to
+            `<export_dir>/<model_name>-ct2[-<quantization>]`.
+        model_name: default the run folder's name.
+        weights: other weights than `model.keras`': a name of
+            `runs.resolve_weights` (`best`, `last`, `averaged`,
+            `ckpt-<update>`) or a `.weights.h5` path.
+        quantization: as in `export_ctranslate2`.
+        output_dir: write exactly this folder instead (overrides
+            `export_dir` and `model_name`).
+        overwrite: replace an existing folder.
+        verbose: print what is written.
+
+    Returns:
+        The `pathlib.Path` of the written folder.
+
+    Example:
+
+    >>> export_ctranslate2_from_run("runs/demo_tiny")
+    PosixPath('saved_models/demo_tiny-ct2')
+    """
+    from keras_transformer.runs import check_run, load_run, resolve_weights
+
+    run_dir = pathlib.Path(run_dir)
+    check_run(run_dir)
+    if model_name is None:
+        model_name = run_dir.resolve().name
+    if output_dir is None:
+        output_dir = default_output_dir(export_dir, model_name, quantization)
+    output_dir = pathlib.Path(output_dir)
+    if output_dir.exists() and not overwrite:  # before loading anything
+        raise FileExistsError(f"{output_dir} already exists; pass --overwrite to replace it")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                         f"received {quantization!r}")
+    _ctranslate2()
+    if weights is not None:
+        resolve_weights(run_dir, str(weights))  # a clear error for a wrong name
+    model, tokenizer = load_run(run_dir, weights)
+    path = export_ctranslate2(
+        model, tokenizer, output_dir, quantization=quantization, overwrite=overwrite,
+        source={"run": str(run_dir.resolve()), "weights": None if weights is None
+                else str(weights)})
+    if verbose:
+        kind = quantization or "float32"
+        print(f"Exported a CTranslate2 model ({kind} weights) to {path}")
+    return path
+
+
+# --- translating with an exported folder ---------------------------------------------
+
+
+class CTranslate2Translator:
+    """Translates with an exported CTranslate2 folder, as `Translator` does.
+
+    Sentences are split into SentencePiece pieces with the folder's
+    `spm.model`, truncated to `max_length - 1` pieces (CTranslate2 appends
+    EOS), translated, cut at EOS (pad and BOS dropped) and at the sentence's
+    length limit (its source ids, EOS included, plus `max_extra_length`), and
+    detokenized. Empty or all-whitespace sentences translate to `""`.
+
+    Needs only `ctranslate2`, `sentencepiece` and NumPy (no Keras, no
+    TensorFlow).
+
+    Args:
+        model_dir: a folder written by `export_ctranslate2`.
+        device: `"cpu"` or `"cuda"`.
+        compute_type: CTranslate2's compute type (`"default"`: the stored
+            weight type).
+        intra_threads: threads per translation (0: CTranslate2's default).
+        inter_threads: translations run in parallel.
+        batch_size: sentences per batch (`max_batch_size`).
+        max_extra_length: outputs have at most source length + this many ids.
+
+    Example:
+
+    >>> translator = CTranslate2Translator("saved_models/demo_tiny-ct2")
+    >>> translator.translate(["Hello."], beam_size=1)
+    ['Hallo.']
+    """
+
+    def __init__(self, model_dir, *, device="cpu", compute_type="default", intra_threads=0,
+                 inter_threads=1, batch_size=32, max_extra_length=EXTRA_POSITIONS):
+        import sentencepiece
+
+        ctranslate2 = _ctranslate2()
+        model_dir = pathlib.Path(model_dir)
+        info_file = model_dir / INFO_FILE
+        if not info_file.is_file():
+            raise FileNotFoundError(f"{model_dir} has no {INFO_FILE}; expected a folder "
+                                    "written by export_ctranslate2")
+        info = json.loads(info_file.read_text())
+        self.model_dir = model_dir
+        self.info = info
+        self.config = info["config"]
+        self.batch_size = batch_size
+        self.max_extra_length = max_extra_length
+        self.processor = sentencepiece.SentencePieceProcessor()
+        self.processor.Load(str(model_dir / info.get("tokenizer", TOKENIZER_FILE)))
+        self.translator = ctranslate2.Translator(
+            str(model_dir), device=device, compute_type=compute_type,
+            intra_threads=intra_threads, inter_threads=inter_threads)
+        vocabulary = model_dir / "shared_vocabulary.json"
+        if not vocabulary.is_file():
+            vocabulary = model_dir / "target_vocabulary.json"
+        # Output pieces -> ids by CTranslate2's own vocabulary (ids are ours by construction).
+        self._target_ids = {piece: i for i, piece in
+                            enumerate(json.loads(vocabulary.read_text(encoding="utf-8")))}
+        self._special = {self.config["pad_id"], self.config["bos_id"]}
+        # The longest output the position table allows (learned tables have max_length rows).
+        self._max_positions = int(info.get("position_table_rows", self.config["max_length"]))
+
+    # --- pieces and ids ----------------------------------------------------------
+
+    def id_to_piece(self, token_id):
+        return self.processor.IdToPiece(int(token_id))
+
+    def _pieces(self, ids):
+        return [self.processor.IdToPiece(int(i)) for i in ids]
+
+    def _ids(self, pieces):
+        return [self._target_ids[p] for p in pieces]
+
+    def encode(self, sentences):
+        """Source ids of each sentence, EOS-terminated and truncated as `Translator.encode`."""
+        keep = self.config["max_length"] - 1
+        return [list(self.processor.EncodeAsIds(s))[:keep] + [self.config["eos_id"]]
+                for s in sentences]
+
+    def _source_pieces(self, source_ids):
+        eos = self.config["eos_id"]
+        rows = []
+        for ids in source_ids:
+            ids = list(ids)
+            if ids and ids[-1] == eos:
+                ids = ids[:-1]  # CTranslate2 appends EOS (add_source_eos)
+            rows.append(self._pieces(ids))
+        return rows
+
+    # --- decoding ------------------------------------------------------------------
+
+    def translate_ids(self, source_ids, *, beam_size=4, length_penalty=0.6):
+        """Output ids of EOS-terminated source id lists (`Translator.encode`'s form).
+
+        Args:
+            source_ids: list of int lists, each ending with EOS.
+            beam_size: 1 is greedy decoding.
+            length_penalty: CTranslate2's: scores are `log P(Y) / |Y| **
+                length_penalty`, `|Y|` counting EOS (see the module docstring).
+
+        Returns:
+            A list of int lists: the output ids up to (not including) EOS,
+            pad and BOS dropped.
+        """
+        if not source_ids:
+            return []
+        limits = [min(len(ids) + self.max_extra_length, self._max_positions)
+                  for ids in source_ids]
+        results = self.translator.translate_batch(
+            self._source_pieces(source_ids), max_batch_size=self.batch_size,
+            beam_size=beam_size, length_penalty=length_penalty, patience=1,
+            max_input_length=0, max_decoding_length=max(limits), min_decoding_length=0,
+            return_end_token=True)
+        outputs = []
+        eos = self.config["eos_id"]
+        for result, limit in zip(results, limits):
+            ids = self._ids(result.hypotheses[0])[:limit]
+            kept = []
+            for token in ids:
+                if token == eos:
+                    break
+                if token not in self._special:
+                    kept.append(token)
+            outputs.append(kept)
+        return outputs
+
+    def translate(self, sentences, *, beam_size=4, length_penalty=0.6):
+        """Translates a list of sentences; see `translate_ids` for the arguments."""
+        if isinstance(sentences, (str, bytes)):
+            raise TypeError("translate expects a list of strings; wrap one sentence in a "
+                            "list: translate([sentence])")
+        sentences = [s.decode("utf-8") if isinstance(s, bytes) else str(s)
+                     for s in sentences]
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        outputs = self.translate_ids(self.encode([sentences[i] for i in todo]),
+                                     beam_size=beam_size, length_penalty=length_penalty)
+        translations = [""] * len(sentences)
+        for i, ids in zip(todo, outputs):
+            translations[i] = self.processor.DecodeIds(ids)
+        return translations
+
+    def score_ids(self, source_ids, target_ids):
+        """Teacher-forced log-probabilities of each target id, then of EOS.
+
+        Args:
+            source_ids: EOS-terminated source id lists.
+            target_ids: target id lists without BOS or EOS.
+
+        Returns:
+            A list of float32 NumPy arrays, `len(target) + 1` values each
+            (the last is EOS's).
+        """
+        results = self.translator.score_batch(
+            self._source_pieces(source_ids), [self._pieces(t) for t in target_ids],
+            max_batch_size=self.batch_size, max_input_length=0)
+        return [np.asarray(r.log_probs, "float32") for r in results]
