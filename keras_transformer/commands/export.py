@@ -1,10 +1,22 @@
-"""`keras-transformer export`: a run folder as a TF Serving SavedModel."""
+"""`keras-transformer export`: a run folder as a TF Serving SavedModel or a CTranslate2 model."""
 
 import argparse
 import pathlib
 
 from keras_transformer.commands.common import CommandError
 
+FORMATS = ("saved_model", "ctranslate2")
+# CTranslate2's weight types (keras_transformer.export_ctranslate2.QUANTIZATIONS),
+# repeated here so that building the parser imports neither module.
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                 "float16", "bfloat16")
+# Options of the SavedModel's traced searches: CTranslate2 decides them when it
+# translates, so they mean nothing to its export. Their parser defaults are
+# None so that a value given with --format ctranslate2 is refused, not ignored.
+_SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_source_length",
+                     "max_extra_length", "batch_buckets", "length_buckets")
+_SAVED_MODEL_DEFAULTS = dict(beam_size=4, alpha=0.6, max_extra_length=50,
+                             batch_buckets=(1, 8, 32))
 
 
 def _int_list(text):
@@ -15,56 +27,106 @@ def _int_list(text):
             f"expected comma-separated integers, received {text!r}") from None
 
 
-def run_export(args):
-    # Under JAX or PyTorch, export_from_run exports in a TensorFlow-backend
-    # subprocess (the weights are backend-portable).
-    from keras_transformer.export import export_from_run
+def _flag(name):
+    return "--" + name.replace("_", "-")
 
+
+def run_export(args):
     run_dir = pathlib.Path(args.run)
     if not run_dir.is_dir():
         raise CommandError(f"--run {run_dir} does not exist; expected a training run "
                            "folder with model.keras and spm.model")
+    if args.format == "ctranslate2":
+        return _export_ctranslate2(args, run_dir)
+    if args.quantize is not None:
+        raise CommandError("--quantize applies to --format ctranslate2 only")
+    return _export_saved_model(args, run_dir)
+
+
+def _export_saved_model(args, run_dir):
+    # Under JAX or PyTorch, export_from_run exports in a TensorFlow-backend
+    # subprocess (the weights are backend-portable).
+    from keras_transformer.export import export_from_run
+
+    options = {name: getattr(args, name) for name in _SAVED_MODEL_ONLY}
+    for name, default in _SAVED_MODEL_DEFAULTS.items():
+        if options[name] is None:
+            options[name] = default
+    options["length_buckets"] = options["length_buckets"] or None
     try:
         path = export_from_run(
-            run_dir, args.export_dir, model_name=args.model_name, version=args.version,
-            weights=args.weights, beam_size=args.beam_size, alpha=args.alpha,
-            max_source_length=args.max_source_length,
-            max_extra_length=args.max_extra_length, batch_buckets=args.batch_buckets,
-            length_buckets=args.length_buckets or None, overwrite=args.overwrite,
-            verbose=not args.quiet)
+            run_dir, args.export_dir, model_name=args.model_name, weights=args.weights,
+            overwrite=args.overwrite, verbose=not args.quiet, **options)
     except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as error:
         raise CommandError(str(error)) from None
     print(path)
     return 0
 
 
+def _export_ctranslate2(args, run_dir):
+    # Any backend: the weights are read as NumPy arrays in this process.
+    from keras_transformer.export_ctranslate2 import (
+        CTranslate2NotInstalled,
+        export_ctranslate2_from_run,
+    )
+
+    given = [_flag(name) for name in _SAVED_MODEL_ONLY if getattr(args, name) is not None]
+    if given:
+        raise CommandError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --format "
+            "saved_model only; CTranslate2 takes the beam size, length penalty and "
+            "length limits when it translates")
+    try:
+        path = export_ctranslate2_from_run(
+            run_dir, args.export_dir, model_name=args.model_name, weights=args.weights,
+            quantization=args.quantize, overwrite=args.overwrite, verbose=not args.quiet)
+    except (CTranslate2NotInstalled, FileNotFoundError, FileExistsError,
+            ValueError) as error:
+        raise CommandError(str(error)) from None
+    print(path)
+    return 0
 
 
 def add_parser(commands):
     e = commands.add_parser(
-        "export", help="export a run folder for TF Serving",
-        description="Exports a training output folder (model.keras and spm.model) "
-                    "as a TF Serving SavedModel <export-dir>/<model-name>/<version>/, "
-                    "under the TensorFlow backend whatever backend trained it.")
+        "export", help="export a run folder for TF Serving or CTranslate2",
+        description="Exports a training output folder (model.keras and spm.model). "
+                    "--format saved_model (default): a TF Serving SavedModel "
+                    "<export-dir>/<model-name>/<version>/, under the TensorFlow backend "
+                    "whatever backend trained it. --format ctranslate2: a CTranslate2 "
+                    "model folder <export-dir>/<model-name>-ct2[-<quantize>]/ (model.bin, "
+                    "config.json, shared_vocabulary.json, spm.model) that "
+                    "ctranslate2.Translator loads; beam size and length penalty are "
+                    "then chosen when translating.")
     e.add_argument("--run", required=True, help="training output folder, e.g. runs/demo_tiny")
+    e.add_argument("--format", choices=FORMATS, default="saved_model",
+                   help="saved_model (TF Serving, default) or ctranslate2")
+    e.add_argument("--quantize", choices=QUANTIZATIONS,
+                   help="ctranslate2 only: store the weights quantized, e.g. int8 "
+                        "(default: float32)")
     e.add_argument("--export-dir", default="saved_models",
-                   help="model server base folder (default saved_models)")
+                   help="base folder (default saved_models): <export-dir>/<model-name>/"
+                        "<version>/ for a SavedModel, <export-dir>/<model-name>-ct2"
+                        "[-<quantize>]/ for CTranslate2")
     e.add_argument("--model-name", help="the served model's name (default: the run "
                                         "folder's name)")
-    e.add_argument("--version", type=int, help="default: the next free version number")
+    e.add_argument("--version", type=int, help="saved_model: default the next free version "
+                                               "number")
     e.add_argument("--weights", help="export other weights than model.keras': best, last, "
                                      "ckpt-<update> or a .weights.h5 path")
-    e.add_argument("--beam-size", type=int, default=4, help="default 4")
-    e.add_argument("--alpha", type=float, default=0.6, help="default 0.6")
+    e.add_argument("--beam-size", type=int, help="saved_model: default 4")
+    e.add_argument("--alpha", type=float, help="saved_model: default 0.6")
     e.add_argument("--max-source-length", type=int,
-                   help="source ids kept, EOS included (default: config.max_length)")
-    e.add_argument("--max-extra-length", type=int, default=50, help="default 50")
-    e.add_argument("--batch-buckets", type=_int_list, default=(1, 8, 32),
-                   help="traced batch sizes, comma-separated (default 1,8,32)")
+                   help="saved_model: source ids kept, EOS included (default: "
+                        "config.max_length)")
+    e.add_argument("--max-extra-length", type=int, help="saved_model: default 50")
+    e.add_argument("--batch-buckets", type=_int_list,
+                   help="saved_model: traced batch sizes, comma-separated (default 1,8,32)")
     e.add_argument("--length-buckets", type=_int_list,
-                   help="traced source widths (default: 16, 32, ... up to "
+                   help="saved_model: traced source widths (default: 16, 32, ... up to "
                         "max-source-length)")
-    e.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace an existing version (saved_model) or folder (ctranslate2)")
     e.add_argument("--quiet", "-q", action="store_true")
     e.set_defaults(func=run_export)
     return e
