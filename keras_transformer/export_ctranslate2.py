@@ -56,7 +56,11 @@ Decoding differences with `keras_transformer.decoding` at the same beam size:
   best finished one. `length_penalty=alpha` is the closest setting; the
   ratio of the two penalties between lengths n and m is
   `(n / m) ** alpha` against `((5 + n) / (5 + m)) ** alpha`, so
-  CTranslate2's normalisation favours longer outputs a little more.
+  CTranslate2's normalisation favours longer outputs a little more. Its
+  length limit is one per batch (`max_decoding_length`), so
+  `CTranslate2Translator` decodes up to the batch's longest limit and cuts
+  each output to its own: exact for greedy decoding, while a beam that ours
+  would have ended at the limit may come out otherwise.
 
 Example:
 

@@ -18,6 +18,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -292,6 +293,14 @@ def test_other_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, monkeypa
     # Keys and values of different widths have no CTranslate2 layout.
     model = _model(num_layers=1, key_dim=16, value_dim=32)
     with pytest.raises(ValueError, match="CTranslate2 needs value_dim == key_dim"):
+        export_ctranslate2(model, corpus["tokenizer"], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    # A model Keras quantized: CTranslate2 quantizes the float weights instead.
+    model = _model(num_layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # layers without a quantize method
+        model.quantize("int8")
+    with pytest.raises(ValueError, match="quantized by Keras"):
         export_ctranslate2(model, corpus["tokenizer"], tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
 
