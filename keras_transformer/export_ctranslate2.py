@@ -194,15 +194,17 @@ def position_table(stack, num_positions):
             own `max_length` rows).
 
     Returns:
-        A float32 NumPy array, computed by the stack's own
-        `PositionalEncoding` layer (on zeros), so its layout and offset are
-        the model's by construction.
+        A float32 NumPy array: the learned table as it is, or the sinusoid of
+        `keras_transformer.layers.positional_encoding` (the function the
+        layer adds) for positions 0, 1, ... (float32 also under a
+        mixed-precision policy).
     """
+    from keras_transformer.layers.positional_encoding import sinusoid
+
     layer = stack.positional_encoding
     if layer.learned:
-        num_positions = layer.max_length
-    zeros = np.zeros((1, num_positions, stack.d_model), "float32")
-    return _numpy(layer(zeros, start_index=0))[0]
+        return _numpy(layer.position_embeddings)
+    return _numpy(sinusoid(np.arange(num_positions, dtype="int32"), stack.d_model))
 
 
 def _check_supported(config):
