@@ -32,7 +32,9 @@ Systems (`--systems`; default all but the quantized Keras ones):
 - `ct2-marian`, `ct2-marian-int8`: that same HF model converted once, before
   the rounds and in its own process, with
   `ctranslate2.converters.TransformersConverter` (float32 weights), run by
-  `ctranslate2.Translator(compute_type="float32"/"int8")`.
+  `ctranslate2.Translator(compute_type="float32"/"int8")`;
+- `ct2-ours`, `ct2-ours-int8`: our model (the weights of `tensorflow`)
+  exported once by `keras_transformer.export_ctranslate2`, run the same way.
 
 Forced lengths: EOS is forbidden until the last position, so every system
 generates exactly `--lengths` tokens per sentence (ours: `min_length` = the
@@ -65,20 +67,11 @@ checked when those figures are there.
 Adding a system: a `System` in `SYSTEMS` names its runner (`RUNNERS`: how
 the worker builds and runs it) and, if it needs a model made once before the
 rounds, an `artifact` made by `PREPARERS[artifact](settings, directory)` in
-its own process. A CTranslate2 export of this package's model, for
-instance, needs only a preparer (build the model with `build_model`, seed 0,
-from `TransformerConfig(**settings["config"])`, export it to `directory`,
-return a dict) and two entries:
-
-    PREPARERS = {..., "ct2-ours": prepare_ct2_ours}
-    SYSTEMS = {... System("ct2-ours", "ct2", "our model in CTranslate2, float32",
-                          artifact="ct2-ours", compute_type="float32",
-                          backend="tensorflow",  # KERAS_BACKEND of its processes
-                          requires=("ctranslate2", "keras")) ...}
-
-`ct2_runner` reads the vocabulary that the conversion wrote and feeds the
-source ids as its tokens, so the export must keep our ids (token `i` of its
-vocabulary is id `i`).
+its own process (with the system's `KERAS_BACKEND`). `ct2-ours` is such a
+system: `prepare_ct2_ours` builds and exports the model, and `ct2_runner`
+(shared with `ct2-marian`) reads the vocabulary that the conversion wrote
+and feeds the source ids as its tokens, so any CTranslate2 model whose token
+`i` is id `i` plugs in with a preparer and two `System` lines.
 
 `transformers` and `ctranslate2` are benchmark-only dependencies; a system
 whose package is missing is reported as one failed line.
@@ -170,6 +163,13 @@ SYSTEMS = {system.name: system for system in (
     System("ct2-marian-int8", "ct2", "the HF Marian model in CTranslate2, int8",
            artifact="ct2-marian", compute_type="int8",
            requires=("ctranslate2", "torch", "transformers")),
+    # Our model (the tensorflow system's weights) exported by export_ctranslate2.
+    System("ct2-ours", "ct2", "ours exported to CTranslate2, float32", backend="tensorflow",
+           artifact="ct2-ours", compute_type="float32",
+           requires=("ctranslate2", "sentencepiece", "keras_transformer.export_ctranslate2")),
+    System("ct2-ours-int8", "ct2", "ours exported to CTranslate2, int8", backend="tensorflow",
+           artifact="ct2-ours", compute_type="int8",
+           requires=("ctranslate2", "sentencepiece", "keras_transformer.export_ctranslate2")),
 )}
 DEFAULT_SYSTEMS = tuple(SYSTEMS)
 
@@ -574,6 +574,37 @@ def prepare_ct2_marian(settings, directory):
             "vocabulary_size": len(read_ct2_vocabulary(directory))}
 
 
+def prepare_ct2_ours(settings, directory):
+    """Builds our model (seed 0) and exports it with `export_ctranslate2` to `directory`.
+
+    The export names its vocabulary after a SentencePiece model's pieces
+    (ids past them become `<unused_i>`): any tokenizer serves for random
+    ids, so a small one is trained on random words.
+    """
+    import random
+
+    import keras
+
+    from keras_transformer.config import TransformerConfig
+    from keras_transformer.data import train_tokenizer
+    from keras_transformer.export_ctranslate2 import export_ctranslate2
+    from keras_transformer.model import build_model
+
+    config = TransformerConfig(**settings["config"])
+    rng = random.Random(0)
+    words = [" ".join("".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 6)))
+                      for _ in range(8)) for _ in range(2000)]
+    with tempfile.TemporaryDirectory(prefix="kt_ct2_ours_") as temp:
+        tokenizer = train_tokenizer([], min(config.vocab_size, 256),
+                                    os.path.join(temp, "spm.model"), sentences=words,
+                                    byte_fallback=False, hard_vocab_limit=False)
+    keras.utils.set_random_seed(0)
+    model = build_model(config)
+    export_ctranslate2(model, tokenizer, directory, overwrite=True)
+    return {"path": directory, "vocabulary_size": len(read_ct2_vocabulary(directory)),
+            "parameters": int(model.count_params())}
+
+
 def read_ct2_vocabulary(path):
     """The target (or shared) vocabulary of a CTranslate2 model folder, as a list."""
     for name in ("shared_vocabulary", "target_vocabulary"):
@@ -597,7 +628,11 @@ def ct2_runner(system, settings, workdir):
                                         intra_threads=threads, inter_threads=1)
     vocabulary = read_ct2_vocabulary(path)
     index = {token: i for i, token in enumerate(vocabulary)}
-    source = [[vocabulary[i] for i in row] for row in source_ids(settings).tolist()]
+    rows = source_ids(settings).tolist()
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        if json.load(f).get("add_source_eos"):  # CTranslate2 appends EOS itself
+            rows = [row[:-1] for row in rows]
+    source = [[vocabulary[i] for i in row] for row in rows]
     info = {"threads": f"CTranslate2 intra_threads={threads}, inter_threads=1",
             "compute_type": getattr(translator, "compute_type", system.compute_type),
             "vocabulary_size": len(vocabulary),
@@ -629,7 +664,7 @@ def ct2_runner(system, settings, workdir):
 RUNNERS = {"keras": keras_runner, "hf": hf_runner, "ct2": ct2_runner}
 # `preparer(settings, directory) -> dict`, run once before the rounds in a
 # process of its own (with the `KERAS_BACKEND` of the first system that needs it).
-PREPARERS = {"ct2-marian": prepare_ct2_marian}
+PREPARERS = {"ct2-marian": prepare_ct2_marian, "ct2-ours": prepare_ct2_ours}
 
 
 def peak_rss_mib():

@@ -85,7 +85,8 @@ def test_system_selection_and_rotation(bench):
         return [s.name for s in bench.select_systems(bench.parse_args(list(argv)))]
 
     assert names() == list(bench.DEFAULT_SYSTEMS)
-    assert names("--backend", "tensorflow", "--skip-hf") == ["tensorflow", "tensorflow+xla"]
+    assert names("--backend", "tensorflow", "--skip-hf") == [
+        "tensorflow", "tensorflow+xla", "ct2-ours", "ct2-ours-int8"]
     assert names("--systems", "jax", "hf-marian", "--quantize", "int8") == [
         "jax", "jax-int8", "hf-marian"]
     quantized = bench.get_system("tensorflow+xla-int8")
@@ -170,12 +171,12 @@ def test_a_failing_preparation_is_one_line_per_table(tmp_path):
 @pytest.mark.slow
 @pytest.mark.backend_independent  # every worker sets its own KERAS_BACKEND
 def test_script_times_keras_hf_and_ctranslate2_in_their_own_processes(tmp_path):
-    printed, figures = _run(tmp_path, "--systems", "tensorflow", "hf-marian", "ct2-marian",
-                            "--repeats", "2")
+    names = ["tensorflow", "hf-marian", "ct2-marian", "ct2-ours"]
+    printed, figures = _run(tmp_path, "--systems", *names, "--repeats", "2")
     systems = figures["systems"]
-    assert list(systems) == ["tensorflow", "hf-marian", "ct2-marian"]
-    assert figures["order"] == [["tensorflow", "hf-marian", "ct2-marian"]]
+    assert list(systems) == names and figures["order"] == [names]
     assert figures["prepared"]["ct2-marian"]["vocabulary_size"] == 63  # Marian's pad dropped
+    assert figures["prepared"]["ct2-ours"]["vocabulary_size"] == 64
     for name, entry in systems.items():
         assert entry["error"] is None, (name, entry["error"])
         assert [(r["search"], r["length"]) for r in entry["summary"]] == [
@@ -193,8 +194,9 @@ def test_script_times_keras_hf_and_ctranslate2_in_their_own_processes(tmp_path):
                 reference["median_seconds"] / row["median_seconds"])
     assert "torch 1 threads" in systems["hf-marian"]["info"]["threads"]
     assert "intra_threads=1" in systems["ct2-marian"]["info"]["threads"]
-    # The converted model is HF's: greedy decoding starts the same way.
-    hf, ct2 = (systems[n]["summary"][0]["sample"] for n in ("hf-marian", "ct2-marian"))
-    assert hf[:3] == ct2[:3]
+    # The converted models are HF's and ours: greedy decoding starts the same way.
+    for model, converted in (("hf-marian", "ct2-marian"), ("tensorflow", "ct2-ours")):
+        first, second = (systems[n]["summary"][0]["sample"] for n in (model, converted))
+        assert first[:3] == second[:3], (model, first, converted, second)
     assert "greedy, 6 tokens (batch 2 x source 4)" in printed
     assert "vs hf-marian" in printed and "ct2-marian" in printed
