@@ -239,6 +239,9 @@ def parse_args(argv=None):
                         help="threads of PyTorch and CTranslate2 (default: the usable cores)")
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds a worker may run before it is stopped")
+    parser.add_argument("--wait-for-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="before each worker, wait up to this long for other processes "
+                             "to leave the cores")
     parser.add_argument("--workdir", help="keep the prepared models here (default: a temp folder)")
     parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
     parser.add_argument("--worker", metavar="SYSTEM", help=argparse.SUPPRESS)
@@ -768,14 +771,19 @@ def run_child(arguments, env, timeout, script=SCRIPT):
 
     A worker that crashes, hangs or prints no result line gets
     `{"error": one line}`; its stderr's end is kept under `stderr_tail`.
+    The result also gets `wall_seconds` and `other_cores`: the cores that
+    other processes kept busy meanwhile (machine CPU time less the worker's,
+    over its wall time; `None` without /proc/stat), which a quiet machine
+    keeps near 0.
     """
-    start = time.perf_counter()
+    start, busy, own = time.perf_counter(), machine_busy_seconds(), _children_cpu_seconds()
     try:
         completed = subprocess.run([sys.executable, script, *arguments], env=env,
                                    capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"stopped after the --timeout of {timeout:g} s",
-                "wall_seconds": time.perf_counter() - start}
+                "wall_seconds": time.perf_counter() - start, "other_cores": None}
+    wall = time.perf_counter() - start
     result = parse_result(completed.stdout)
     if result is None:
         lines = [line for line in completed.stderr.splitlines() if line.strip()]
@@ -783,8 +791,47 @@ def run_child(arguments, env, timeout, script=SCRIPT):
                            + (f"; last stderr line: {lines[-1].strip()}" if lines else "")}
     if "error" in result:
         result["stderr_tail"] = completed.stderr[-3000:]
-    result["wall_seconds"] = time.perf_counter() - start
+    result["wall_seconds"] = wall
+    result["other_cores"] = None
+    if busy is not None:
+        others = (machine_busy_seconds() - busy) - (_children_cpu_seconds() - own)
+        result["other_cores"] = max(others, 0.0) / wall
     return result
+
+
+def _children_cpu_seconds():
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_busy_seconds():
+    """CPU-seconds all processes of this machine have been busy (Linux /proc/stat), or `None`."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
+
+
+def wait_for_quiet(max_seconds, threshold=0.25, sample_seconds=1.0):
+    """Waits up to `max_seconds` until other processes use fewer than `threshold` cores.
+
+    Called between workers, while this process is idle, so every busy core
+    is someone else's. Returns the cores busy in the last sample (`None`
+    without /proc/stat).
+    """
+    deadline = time.perf_counter() + max_seconds
+    while True:
+        before = machine_busy_seconds()
+        if before is None:
+            return None
+        time.sleep(sample_seconds)
+        busy = (machine_busy_seconds() - before) / sample_seconds
+        if busy < threshold or time.perf_counter() >= deadline:
+            return busy
 
 
 def rotated(items, round_index):
@@ -915,6 +962,14 @@ def format_targets(figures):
     return "\n".join(lines)
 
 
+def busiest_round(entries, threshold=0.25):
+    """`(cores, name)` of the round during which others used the most cores, if >= threshold."""
+    rounds = [(r.get("other_cores") or 0.0, name) for name, entry in entries.items()
+              for r in entry["rounds"]]
+    busiest = max(rounds, default=(0.0, None))
+    return busiest if busiest[0] >= threshold else None
+
+
 def describe(name, result):
     """One line about a system's worker: versions, size, threads, setup."""
     info = result["info"]
@@ -932,7 +987,8 @@ def describe(name, result):
             + extra)
 
 
-def run_benchmark(systems, settings, *, rounds, workdir, timeout=3600, log=print):
+def run_benchmark(systems, settings, *, rounds, workdir, timeout=3600, wait_for_quiet_s=0.0,
+                  log=print):
     """Prepares what the systems need, then times them in alternating rounds.
 
     Args:
@@ -941,6 +997,8 @@ def run_benchmark(systems, settings, *, rounds, workdir, timeout=3600, log=print
         rounds: how many times each system's worker runs.
         workdir: folder for the prepared models.
         timeout: seconds per worker or preparer.
+        wait_for_quiet_s: before each worker, wait up to this long for other
+            processes to leave the cores (see `wait_for_quiet`).
         log: a print-like function.
 
     Returns:
@@ -990,6 +1048,8 @@ def run_benchmark(systems, settings, *, rounds, workdir, timeout=3600, log=print
         order = [n for n in rotated(names, round_index) if not entries[n]["error"]]
         figures["order"].append(order)
         for name in order:
+            if wait_for_quiet_s:
+                wait_for_quiet(wait_for_quiet_s)
             result = run_child(["--worker", name, "--settings", encoded, "--workdir", workdir],
                                child_environment(by_name[name].backend), timeout)
             entry = entries[name]
@@ -1006,8 +1066,10 @@ def run_benchmark(systems, settings, *, rounds, workdir, timeout=3600, log=print
             times = ", ".join(f"{m['search']}{'' if m['cached'] else ' uncached'}@{m['length']} "
                               f"{m['median_seconds']:.3f} s (first {m['first_call_seconds']:.1f})"
                               for m in result["measurements"])
+            others = result["other_cores"]
             log(f"round {round_index + 1}/{rounds} {name}: {times}; "
-                f"worker {result['wall_seconds']:.0f} s")
+                f"worker {result['wall_seconds']:.0f} s"
+                + ("" if others is None else f", other processes {others:.2f} cores"))
     for entry in entries.values():
         good = [r for r in entry["rounds"] if "error" not in r]
         entry["summary"] = summarize(good, settings)
@@ -1050,11 +1112,15 @@ def main(argv=None):
         workdir = args.workdir or temp
         os.makedirs(workdir, exist_ok=True)
         figures = run_benchmark(systems, settings, rounds=args.rounds, workdir=workdir,
-                                timeout=args.timeout,
+                                timeout=args.timeout, wait_for_quiet_s=args.wait_for_quiet,
                                 log=lambda *a: print(*a, flush=True))
     print(format_tables(figures))
     print("\n" + "\n".join(f"{name}: {entry['description']}"
                            for name, entry in figures["systems"].items()))
+    busy = busiest_round(figures["systems"])
+    if busy:
+        print(f"\nnote: other processes kept {busy[0]:.2f} cores busy during a round of "
+              f"{busy[1]} (see the round lines): figures of a shared machine")
     targets = format_targets(figures)
     if targets:
         print("\n" + targets)

@@ -62,11 +62,13 @@ for _path in (REPO_ROOT, EXAMPLES):
         sys.path.insert(0, _path)
 
 from benchmark_decoding import (  # noqa: E402
-    child_main,
     child_environment,
+    child_main,
     rotated,
+    busiest_round,
     run_child,
     usable_cores,
+    wait_for_quiet,
 )
 
 SCRIPT = os.path.abspath(__file__)
@@ -105,6 +107,9 @@ def parse_args(argv=None):
                         help="torch threads of a PyTorch Translator (default: the usable cores)")
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds a worker may run before it is stopped")
+    parser.add_argument("--wait-for-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="before each worker, wait up to this long for other processes "
+                             "to leave the cores")
     parser.add_argument("--output-dir",
                         help="keep the export, weights and tokenizer here (default: a temp folder)")
     parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
@@ -445,8 +450,13 @@ def format_table(figures):
     return "\n".join(lines)
 
 
-def run_benchmark(paths, settings, *, rounds, workdir, timeout=3600, log=print):
+def run_benchmark(paths, settings, *, rounds, workdir, timeout=3600, wait_for_quiet_s=0.0,
+                  log=print):
     """Prepares the model and export, then times the paths in alternating rounds.
+
+    `wait_for_quiet_s`: before each worker, wait up to this long for other
+    processes to leave the cores. Each worker result records `other_cores`
+    (see `benchmark_decoding.run_child`).
 
     Returns:
         The figures dict: `settings` (with `rounds`), `prepared` (the
@@ -474,6 +484,8 @@ def run_benchmark(paths, settings, *, rounds, workdir, timeout=3600, log=print):
         order = [p for p in rotated(list(paths), round_index) if not entries[p]["error"]]
         figures["order"].append(order)
         for path in order:
+            if wait_for_quiet_s:
+                wait_for_quiet(wait_for_quiet_s)
             backend = None if path == SAVED_MODEL else path.split("-", 1)[1]
             result = run_child(["--worker", path, "--settings", encoded, "--workdir", workdir],
                                child_environment(backend), timeout, script=SCRIPT)
@@ -493,7 +505,9 @@ def run_benchmark(paths, settings, *, rounds, workdir, timeout=3600, log=print):
             log(f"round {round_index + 1}/{rounds} {path}: " + ", ".join(
                 f"batch {b} p50 {1000 * r['p50_seconds']:.0f} ms, "
                 f"{r['sentences_per_second']:.1f} sent/s" for b, r in result["batches"].items())
-                + f"; worker {result['wall_seconds']:.0f} s")
+                + f"; worker {result['wall_seconds']:.0f} s"
+                + ("" if result["other_cores"] is None
+                   else f", other processes {result['other_cores']:.2f} cores"))
     for entry in entries.values():
         entry["summary"] = summarize([r for r in entry["rounds"] if "error" not in r], settings)
     return figures
@@ -525,11 +539,16 @@ def main(argv=None):
         workdir = args.output_dir or temp
         os.makedirs(workdir, exist_ok=True)
         figures = run_benchmark(paths, settings, rounds=args.rounds, workdir=workdir,
-                                timeout=args.timeout, log=lambda *a: print(*a, flush=True))
+                                timeout=args.timeout, wait_for_quiet_s=args.wait_for_quiet,
+                                log=lambda *a: print(*a, flush=True))
     print()
     print(format_table(figures))
     print(f"\n{args.calls} timed requests per row and round after a warm-up pass over the same "
           f"requests; total {time.perf_counter() - start:.0f} s")
+    busy = busiest_round(figures["paths"])
+    if busy:
+        print(f"note: other processes kept {busy[0]:.2f} cores busy during a round of "
+              f"{busy[1]} (see the round lines): figures of a shared machine")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=1)

@@ -101,6 +101,16 @@ def test_system_selection_and_rotation(bench):
 
 
 @pytest.mark.backend_independent
+def test_the_busiest_round_is_named_above_the_threshold(bench):
+    entries = {"jax": {"rounds": [{"other_cores": 0.1}, {"other_cores": 0.6}]},
+               "torch": {"rounds": [{"other_cores": None}, {"error": "x"}]},
+               "hf-marian": {"rounds": [{"other_cores": 0.3}]}}
+    assert bench.busiest_round(entries) == (0.6, "jax")
+    assert bench.busiest_round(entries, threshold=0.7) is None
+    assert bench.busiest_round({}) is None
+
+
+@pytest.mark.backend_independent
 def test_settings_reject_bad_input_with_one_line(bench):
     settings = _settings(bench, "--threads", "1")
     assert settings["config"]["d_model"] == 32 and settings["config"]["dropout"] == 0.0
@@ -140,6 +150,8 @@ def test_a_failing_worker_is_one_line(bench, tmp_path):
                               "--workdir", str(tmp_path)], env, timeout=120)
     assert result["error"].startswith("ct2-marian worker: ")
     assert "\n" not in result["error"] and "Traceback" in result["stderr_tail"]
+    assert result["wall_seconds"] > 0
+    assert result["other_cores"] is None or result["other_cores"] >= 0
     # A worker that dies before printing its result.
     result = bench.run_child(["--worker"], env, timeout=60)
     assert result["error"].startswith("worker exited with status 2 and no result; "
@@ -183,6 +195,7 @@ def test_script_times_keras_hf_and_ctranslate2_in_their_own_processes(tmp_path):
             ("greedy", 6), ("beam-4", 6)]
         (result,) = entry["rounds"]
         assert result["info"]["threads"]  # every worker says which threads it used
+        assert result["other_cores"] is None or result["other_cores"] >= 0
         for row, measured in zip(entry["summary"], result["measurements"]):
             assert row["output_length"] == 6  # forced: every row has 6 tokens
             assert len(measured["seconds"]) == 2
