@@ -11,13 +11,13 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "keras_transformer.config": ["TransformerConfig"],
-    "keras_transformer.decoding": ["beam_search", "greedy_decode", "length_penalty"],
+    "keras_transformer.config": ["DecodingOptions", "TransformerConfig"],
+    "keras_transformer.decoding": ["beam_search", "decode", "greedy_decode", "length_penalty"],
     "keras_transformer.layers": ["DecoderLayer", "EncoderLayer", "MultiHeadAttention",
                                  "PaddingMask", "PositionalEncoding", "SharedEmbedding",
                                  "TransformerDecoder", "TransformerEncoder"],
     "keras_transformer.losses": ["LabelSmoothedCrossEntropy", "MaskedAccuracy"],
-    "keras_transformer.model": ["Transformer", "build_model"],
+    "keras_transformer.model": ["Transformer", "build_model", "quantized"],
     "keras_transformer.plotting": ["plot_attention"],
     "keras_transformer.schedules": ["TransformerSchedule"],
     "keras_transformer.training": ["LearningRateLogger", "StepCheckpoint", "StopAtUpdate",

@@ -2,8 +2,10 @@
 
 `TransformerConfig` holds every hyper-parameter of Vaswani et al. (2017) that
 the model, the loss and the learning-rate schedule need, so that the example
-script, the tests and the benchmarks share one source of truth. It imports no
-Keras: data and export code can read it without building anything.
+script, the tests and the benchmarks share one source of truth, and
+`DecodingOptions` does the same for decoding (beam size, length penalty,
+length limit). It imports no Keras: data and export code can read it without
+building anything.
 """
 
 import dataclasses
@@ -258,3 +260,55 @@ PRESETS = {
     "tiny": dict(num_layers=2, d_model=128, num_heads=4, d_ff=512, dropout=0.1,
                  label_smoothing=0.1, warmup_steps=400, vocab_size=4000),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingOptions:
+    """How to decode: the one place the decoding defaults live.
+
+    `Translator`, the exported SavedModel, the CTranslate2 export and every
+    command take their beam size, length penalty and length limit from an
+    instance of this class; its defaults are the paper's (section 6.1).
+
+    Args:
+        beam_size: K, hypotheses kept per sentence; 1 is greedy decoding.
+        alpha: strength of the length penalty `((5 + |Y|) / 6) ** alpha`;
+            0 ranks by plain log-probability.
+        max_extra_length: a translation has at most its source length (ids,
+            EOS included) plus this many tokens.
+        min_length: EOS is forbidden below this output length. For benchmarks
+            that force a fixed output length; translation uses 0.
+
+    Example:
+
+    >>> DecodingOptions()
+    DecodingOptions(beam_size=4, alpha=0.6, max_extra_length=50, min_length=0)
+    >>> DecodingOptions().replace(beam_size=1).greedy
+    True
+    """
+
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_extra_length: int = 50
+    min_length: int = 0
+
+    def __post_init__(self):
+        for name, smallest in (("beam_size", 1), ("max_extra_length", 0), ("min_length", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < smallest:
+                raise ValueError(f"{name} must be an integer >= {smallest}, "
+                                 f"received {name}={value!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
+                or not self.alpha >= 0:
+            raise ValueError(f"alpha must be a number >= 0, received alpha={self.alpha!r}")
+        object.__setattr__(self, "alpha", float(self.alpha))
+
+    @property
+    def greedy(self):
+        """Whether this is greedy decoding (`beam_size == 1`)."""
+        return self.beam_size == 1
+
+    def replace(self, **changes):
+        """A copy with some fields changed; `None` values keep the current ones."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **changes) if changes else self

@@ -32,6 +32,9 @@ import weakref
 import keras
 from keras import ops
 
+from keras_transformer.config import DecodingOptions
+from keras_transformer.layers.updates import slice_update
+
 _NEG_INF = float("-inf")
 
 # Compiled searches, per model and static setting: {model: {key: fn}}.
@@ -62,7 +65,7 @@ def length_penalty(length, alpha):
     return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
 
 
-def output_length_limits(source_ids, config, max_extra_length=50):
+def output_length_limits(source_ids, config, max_extra_length=DecodingOptions.max_extra_length):
     """Per-sentence output length limits and the static buffer length.
 
     Args:
@@ -96,7 +99,7 @@ def output_length_limits(source_ids, config, max_extra_length=50):
 
 
 def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=True,
-                 dynamic_prefix=False):
+                 dynamic_prefix=False, cache_length=None):
     """Runs the encoder once and returns the decoder's step function.
 
     Args:
@@ -113,6 +116,9 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
         dynamic_prefix: with `use_cache=False`, run each step on exactly the
             `index + 1` tokens so far (eager execution only). Otherwise the
             whole fixed-size buffer is decoded, the only option under XLA.
+        cache_length: steps of the initial self-attention cache (default L);
+            a search that starts shorter grows it with
+            `model.decoder.grow_self_attention_cache` (see `cache_lengths`).
 
     Returns:
         `(next_fn, initial_cache)`, see the module docstring. The cache is a
@@ -144,7 +150,7 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
                 tuple(ops.repeat(t, beam_size, axis=0) for t in layer_cache)
                 for layer_cache in cross_cache
             ]
-        cache = model.decoder.init_self_attention_cache(rows, buffer_length)
+        cache = model.decoder.init_self_attention_cache(rows, cache_length or buffer_length)
 
         def next_fn(tokens, cache, index):
             step_ids = ops.slice(tokens, [0, index], [rows, 1])  # (N, 1)
@@ -187,6 +193,51 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
     return uncached_next_fn, []
 
 
+def cache_lengths(buffer_length, first=16):
+    """The self-attention cache sizes a search grows through: 16, 32, 64, ..., L.
+
+    Each decoder step reads the whole cache, and each beam-search step copies
+    it to reorder the beams, so a cache of `buffer_length` (source length +
+    50) steps for a 20-token output would mostly move zeros. The searches
+    start with `first` steps and double the cache when the outputs reach its
+    end (a few static shapes, so XLA compiles one loop per size).
+
+    Example:
+
+    >>> cache_lengths(84)
+    (16, 32, 64, 84)
+    """
+    lengths, length = [], first
+    while length < buffer_length:
+        lengths.append(length)
+        length *= 2
+    return tuple(lengths) + (buffer_length,)
+
+
+def _while_in_segments(cond, body, loop_vars, *, buffer_length, segments=None, grow_fn=None):
+    """`ops.while_loop` up to `buffer_length`, growing the cache between segments.
+
+    `loop_vars` is `(index, ..., cache)`; `segments` the cache lengths
+    (`cache_lengths`), the loop over segment `i` ending when `index` reaches
+    `segments[i]`, after which `grow_fn(cache, segments[i + 1])` enlarges the
+    cache. Without `grow_fn` it is one loop over the whole buffer.
+    """
+    if grow_fn is None or not segments:
+        return ops.while_loop(cond, body, loop_vars)
+    if segments[-1] != buffer_length:
+        raise ValueError(f"the last cache length must be buffer_length={buffer_length}, "
+                         f"received {segments!r}")
+    for i, end in enumerate(segments):
+        if i:
+            loop_vars = tuple(loop_vars[:-1]) + (grow_fn(loop_vars[-1], end),)
+
+        def segment_cond(*args, end=end):
+            return ops.logical_and(ops.less(args[0], end), cond(*args))
+
+        loop_vars = ops.while_loop(segment_cond, body, tuple(loop_vars))
+    return loop_vars
+
+
 # --- searches over a step function ---------------------------------------------
 
 
@@ -216,11 +267,11 @@ def _mask_early_eos(log_probs, index, eos_id, min_length):
 def _initial_tokens(rows, buffer_length, bos_id, pad_id):
     tokens = ops.full((rows, buffer_length + 1), pad_id, dtype="int32")
     bos = ops.full((rows, 1), bos_id, dtype="int32")
-    return ops.slice_update(tokens, [0, 0], bos)
+    return slice_update(tokens, [0, 0], bos)
 
 
 def run_greedy_search(next_fn, cache, max_lengths, *, buffer_length, bos_id=1, eos_id=2,
-                      pad_id=0, min_length=0):
+                      pad_id=0, min_length=0, segments=None, grow_fn=None):
     """Greedy decoding over a step function.
 
     At each step every unfinished sentence takes its most probable next
@@ -239,6 +290,9 @@ def run_greedy_search(next_fn, cache, max_lengths, *, buffer_length, bos_id=1, e
             many tokens (EOS included). With `min_length = max_length` every
             output has exactly `max_length` tokens, which is what a decoding
             benchmark needs; translation uses 0.
+        segments, grow_fn: a cache that starts short and grows: its lengths
+            (`cache_lengths`) and `grow_fn(cache, length)`; default one cache
+            of `buffer_length` steps.
 
     Returns:
         `(tokens, step_log_probs)`: int32 `(batch, L)` generated ids (EOS
@@ -270,8 +324,8 @@ def run_greedy_search(next_fn, cache, max_lengths, *, buffer_length, bos_id=1, e
         token_log_prob = ops.take_along_axis(log_probs, next_token[:, None], axis=1)[:, 0]
         next_token = ops.where(finished, pad_id, next_token)
         token_log_prob = ops.where(finished, 0.0, token_log_prob)
-        tokens = ops.slice_update(tokens, [0, index + 1], next_token[:, None])
-        step_log_probs = ops.slice_update(step_log_probs, [0, index],
+        tokens = slice_update(tokens, [0, index + 1], next_token[:, None])
+        step_log_probs = slice_update(step_log_probs, [0, index],
                                           token_log_prob[:, None])
         finished = ops.logical_or(
             finished,
@@ -280,9 +334,9 @@ def run_greedy_search(next_fn, cache, max_lengths, *, buffer_length, bos_id=1, e
         )
         return index + 1, tokens, step_log_probs, finished, cache
 
-    _, tokens, step_log_probs, _, _ = ops.while_loop(
-        cond, body, (index, tokens, step_log_probs, finished, cache)
-    )
+    _, tokens, step_log_probs, _, _ = _while_in_segments(
+        cond, body, (index, tokens, step_log_probs, finished, cache),
+        buffer_length=buffer_length, segments=segments, grow_fn=grow_fn)
     return tokens[:, 1:], step_log_probs
 
 
@@ -305,9 +359,10 @@ def _reorder_cache(cache, beam_indices, beam_size):
     return keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0), cache)
 
 
-def run_beam_search(next_fn, cache, max_lengths, *, buffer_length, beam_size=4, alpha=0.6,
+def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
+                    beam_size=DecodingOptions.beam_size, alpha=DecodingOptions.alpha,
                     bos_id=1, eos_id=2, pad_id=0, min_length=0, return_all_beams=False,
-                    return_step_log_probs=False):
+                    return_step_log_probs=False, segments=None, grow_fn=None):
     """Beam search with GNMT length normalisation over a step function.
 
     The search of tensor2tensor and of the paper (section 6.1): it keeps, per
@@ -342,6 +397,8 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length, beam_size=4, 
         return_all_beams: return all K finished hypotheses (best first)
             instead of the best one.
         return_step_log_probs: also return the per-token log-probabilities.
+        segments, grow_fn: a cache that starts short and grows (see
+            `run_greedy_search`).
 
     Returns:
         `(tokens, scores)`, plus `step_log_probs` if requested: int32
@@ -401,7 +458,7 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length, beam_size=4, 
         top_beam = top_index // V
         top_token = top_index % V
         top_seq = _gather_beams(state["alive_seq"], top_beam)  # (B, 2K, L + 1)
-        top_seq = ops.slice_update(top_seq, [0, 0, index + 1], top_token[:, :, None])
+        top_seq = slice_update(top_seq, [0, 0, index + 1], top_token[:, :, None])
         length = index + 1  # output length of every extension, EOS included
         ends = ops.logical_or(ops.equal(top_token, eos_id),
                               ops.greater_equal(length, max_lengths)[:, None])
@@ -430,7 +487,7 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length, beam_size=4, 
         if return_step_log_probs:
             token_log_probs = ops.take_along_axis(log_probs, top_index, axis=1)  # (B, 2K)
             top_steps = _gather_beams(state["alive_steps"], top_beam)
-            top_steps = ops.slice_update(top_steps, [0, 0, index],
+            top_steps = slice_update(top_steps, [0, 0, index],
                                          token_log_probs[:, :, None])
             new_state["alive_steps"] = _gather_beams(top_steps, alive_pick)
             merged_steps = ops.concatenate([state["finished_steps"], top_steps], axis=1)
@@ -446,7 +503,8 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length, beam_size=4, 
             ops.greater_equal(threshold, best_possible)))
         return index + 1, done, new_state, cache
 
-    _, _, state, _ = ops.while_loop(cond, body, (index, done, state, cache))
+    _, _, state, _ = _while_in_segments(cond, body, (index, done, state, cache),
+                                        buffer_length=L, segments=segments, grow_fn=grow_fn)
     tokens = state["finished_seq"][:, :, 1:]
     scores = state["finished_scores"]
     steps = state.get("finished_steps")
@@ -493,7 +551,9 @@ def _compiled(model, key, impl, jit_compile):
         return run_uncompiled
 
     functions = _COMPILED.setdefault(model, {})
-    key = (backend,) + key
+    # A quantized model (`model.quantize`) has other variables and calls.
+    quantized = getattr(model.target_embedding, "quantization_mode", None)
+    key = (backend, quantized) + key
     if key in functions:
         return functions[key]
     model_ref = weakref.ref(model)
@@ -533,7 +593,8 @@ def _check_model(model):
             )
 
 
-def greedy_decode(model, source_ids, *, max_extra_length=50, min_length=0, use_cache=True,
+def greedy_decode(model, source_ids, *, max_extra_length=DecodingOptions.max_extra_length,
+                  min_length=0, use_cache=True,
                   return_step_log_probs=False, jit_compile=None):
     """Translates a batch greedily, one cached decoder step per token.
 
@@ -572,19 +633,23 @@ def greedy_decode(model, source_ids, *, max_extra_length=50, min_length=0, use_c
         config = model.config
         max_lengths, buffer_length = output_length_limits(source_ids, config,
                                                           max_extra_length)
+        segments = cache_lengths(buffer_length) if use_cache else None
         next_fn, cache = make_step_fn(model, source_ids, buffer_length=buffer_length,
-                                      use_cache=use_cache, dynamic_prefix=dynamic_prefix)
+                                      use_cache=use_cache, dynamic_prefix=dynamic_prefix,
+                                      cache_length=segments and segments[0])
         tokens, step_log_probs = run_greedy_search(
             next_fn, cache, max_lengths, buffer_length=buffer_length,
             bos_id=config.bos_id, eos_id=config.eos_id, pad_id=config.pad_id,
-            min_length=min_length)
+            min_length=min_length, segments=segments,
+            grow_fn=model.decoder.grow_self_attention_cache)
         return (tokens, step_log_probs) if return_step_log_probs else tokens
 
     key = ("greedy", max_extra_length, min_length, use_cache, return_step_log_probs)
     return _compiled(model, key, impl, jit_compile)(source_ids)
 
 
-def beam_search(model, source_ids, *, beam_size=4, alpha=0.6, max_extra_length=50,
+def beam_search(model, source_ids, *, beam_size=DecodingOptions.beam_size,
+                alpha=DecodingOptions.alpha, max_extra_length=DecodingOptions.max_extra_length,
                 min_length=0, use_cache=True, return_all_beams=False,
                 return_step_log_probs=False, jit_compile=None):
     """Translates a batch with beam search and GNMT length normalisation.
@@ -628,16 +693,60 @@ def beam_search(model, source_ids, *, beam_size=4, alpha=0.6, max_extra_length=5
         config = model.config
         max_lengths, buffer_length = output_length_limits(source_ids, config,
                                                           max_extra_length)
+        segments = cache_lengths(buffer_length) if use_cache else None
         next_fn, cache = make_step_fn(model, source_ids, buffer_length=buffer_length,
                                       beam_size=beam_size, use_cache=use_cache,
-                                      dynamic_prefix=dynamic_prefix)
+                                      dynamic_prefix=dynamic_prefix,
+                                      cache_length=segments and segments[0])
         return run_beam_search(
             next_fn, cache, max_lengths, buffer_length=buffer_length,
             beam_size=beam_size, alpha=alpha, bos_id=config.bos_id,
             eos_id=config.eos_id, pad_id=config.pad_id, min_length=min_length,
             return_all_beams=return_all_beams,
-            return_step_log_probs=return_step_log_probs)
+            return_step_log_probs=return_step_log_probs, segments=segments,
+            grow_fn=model.decoder.grow_self_attention_cache)
 
     key = ("beam", beam_size, alpha, max_extra_length, min_length, use_cache,
            return_all_beams, return_step_log_probs)
     return _compiled(model, key, impl, jit_compile)(source_ids)
+
+
+def decode(model, source_ids, options=None, *, jit_compile=None):
+    """Translates a batch of source ids as `options` say: the search of every caller.
+
+    `Translator`, the exported SavedModel and the benchmarks decode through
+    this function, so greedy and beam search give the same outputs and the
+    same scores everywhere.
+
+    Args:
+        model: a `keras_transformer.Transformer`.
+        source_ids: int `(batch, S)` source ids (EOS-terminated, 0-padded).
+        options: a `DecodingOptions` (default: the paper's).
+        jit_compile: as in `greedy_decode`.
+
+    Returns:
+        `(tokens, scores)`: int32 `(batch, S + max_extra_length)` generated ids
+        (EOS included, 0 after it, no BOS) and float32 `(batch,)` scores
+        `log P(Y) / lp(|Y|)` with `lp` = `length_penalty` at `options.alpha`
+        and `|Y|` counting EOS when generated. For greedy decoding the score
+        is that formula applied to the greedy output. Backend tensors.
+
+    Example:
+
+    >>> tokens, scores = decode(model, source_ids, DecodingOptions(beam_size=1))
+    """
+    options = DecodingOptions() if options is None else options
+    if not isinstance(options, DecodingOptions):
+        raise TypeError(f"options must be a DecodingOptions, received {type(options).__name__}")
+    if not options.greedy:
+        return beam_search(model, source_ids, beam_size=options.beam_size,
+                           alpha=options.alpha, max_extra_length=options.max_extra_length,
+                           min_length=options.min_length, jit_compile=jit_compile)
+    tokens, step_log_probs = greedy_decode(
+        model, source_ids, max_extra_length=options.max_extra_length,
+        min_length=options.min_length, return_step_log_probs=True, jit_compile=jit_compile)
+    # The generated ids (EOS included) are the non-pad ones.
+    lengths = ops.sum(ops.cast(ops.not_equal(tokens, model.config.pad_id), "int32"), axis=1)
+    scores = ops.sum(ops.cast(step_log_probs, "float32"), axis=1) / length_penalty(
+        ops.maximum(lengths, 1), options.alpha)
+    return tokens, scores

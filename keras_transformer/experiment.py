@@ -539,9 +539,7 @@ def evaluate_test(translator, run, settings, corpus):
     from keras_transformer.translate import evaluate_bleu
 
     source, reference = corpus.text_paths("test")
-    return evaluate_bleu(translator, source, reference,
-                         beam_size=settings.beam_size, alpha=settings.alpha,
-                         max_sentences=settings.eval_sentences,
+    return evaluate_bleu(translator, source, reference, max_sentences=settings.eval_sentences,
                          output_file=run / runs.HYPOTHESES_FILE,
                          progress=bool(settings.verbose), verbose=bool(settings.verbose))
 
@@ -553,9 +551,9 @@ def export_run(translator, run, settings):
     from keras_transformer.export import export_saved_model
 
     name = settings.model_name or run.root.resolve().name
+    # serving_default is a beam search; translate_greedy is there as well.
     path = export_saved_model(translator, settings.export_dir, model_name=name,
-                              beam_size=max(2, settings.beam_size), alpha=settings.alpha,
-                              max_extra_length=settings.max_extra_length)
+                              beam_size=max(2, settings.beam_size))
     logger.info(f"Exported the SavedModel for TF Serving -> {path}")
     return path
 
@@ -630,7 +628,7 @@ def _train_in(run, settings, corpus):
         train_ds, valid_ds, tokens_per_update = make_datasets(s, corpus, plan,
                                                               start_update=start)
         bleu_sample = validation_sample(corpus, s.validation_bleu_sentences)
-        translator = Translator(model, tokenizer, max_extra_length=s.max_extra_length)
+        translator = Translator(model, tokenizer, s.decoding_options())
         report = _fit_checking_shards(corpus, model, run, s, train_ds, valid_ds,
                                       start_update=start,
                                       tokens_per_update=tokens_per_update,
@@ -642,7 +640,7 @@ def _train_in(run, settings, corpus):
 
     final_weights = finalize_weights(model, run, s)
     plot_training(run.log_file, run / runs.PLOT_FILE)
-    translator = translator or Translator(model, tokenizer, max_extra_length=s.max_extra_length)
+    translator = translator or Translator(model, tokenizer, s.decoding_options())
     result = evaluate_test(translator, run, s, corpus)
     export_path = export_run(translator, run, s)
 
@@ -678,7 +676,8 @@ def _train_in(run, settings, corpus):
 
 
 def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
-                 beam_sizes=(4,), alpha=0.6, max_sentences=None, verbose=True):
+                 beam_sizes=(4,), alpha=None, quantize=None, max_sentences=None,
+                 verbose=True):
     """Scores a run's weights on test splits with sacreBLEU.
 
     Loads the model and tokenizer of `run_dir` (`runs.load_run`), then for
@@ -692,7 +691,9 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         weights: names understood by `runs.resolve_weights` (`"final"`,
             `"averaged"`, `"best"`, `"last"`, `"ckpt-2000"`, or paths).
         beam_sizes: 1 is greedy decoding.
-        alpha: length penalty of beam search.
+        alpha: length penalty of beam search (default `DecodingOptions`').
+        quantize: `"int8"` scores a quantized copy of each weights
+            (`keras_transformer.model.quantized`).
         max_sentences: score only the first lines of each split.
         verbose: log each row as it is measured.
 
@@ -700,6 +701,7 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         A list of dicts with `weights`, `beam_size`, `split`, `bleu`, `chrf`,
         `num_sentences`, `seconds` and `bleu_signature`.
     """
+    from keras_transformer.model import quantized
     from keras_transformer.translate import Translator, evaluate_bleu
 
     run_dir, corpus_dir = pathlib.Path(run_dir), pathlib.Path(corpus_dir)
@@ -713,20 +715,20 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
     weight_paths = {name: runs.resolve_weights(run_dir, name) for name in weights}
     model, tokenizer = runs.load_run(run_dir)
     final = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
-    translator = Translator(model, tokenizer)
     rows = []
     for name, path in weight_paths.items():
         if path is None:
             model.set_weights(final)
         else:
             runs.load_model_weights(model, path)
+        translator = Translator(quantized(model, quantize) if quantize else model, tokenizer)
         for beam_size in beam_sizes:
             for split, (source, reference) in files.items():
                 start = time.time()
                 result = evaluate_bleu(translator, source, reference, beam_size=beam_size,
                                        alpha=alpha, max_sentences=max_sentences,
                                        verbose=False)
-                row = dict(weights=name, beam_size=beam_size, split=split,
+                row = dict(weights=name, beam_size=beam_size, split=split, quantize=quantize,
                            bleu=result.bleu, chrf=result.chrf,
                            num_sentences=result.num_sentences,
                            seconds=time.time() - start,

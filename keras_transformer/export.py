@@ -46,12 +46,12 @@ folder and call `export_from_run` in a subprocess with
 `KERAS_BACKEND=tensorflow` (`python -m keras_transformer.export`, its
 arguments as JSON), which rebuilds the model under TensorFlow and exports it.
 
-Two workarounds are applied while tracing (the exported graph is checked for
-them, see `forbidden_ops`): under TensorFlow `keras.ops.slice_update` emits
-the XLA-only op `XlaDynamicUpdateSlice`, which TF Serving cannot run outside
-an XLA cluster, so it is traced as the core op `TensorStridedSliceUpdate`;
-and the searches are traced uncompiled (no `jit_compile`), since the stock
-model server does not run XLA clusters by default.
+The searches are traced uncompiled (no `jit_compile`), since the stock model
+server does not run XLA clusters by default; their buffer updates then use
+the core op `TensorStridedSliceUpdate` rather than the XLA-only
+`XlaDynamicUpdateSlice` (`keras_transformer.layers.updates.slice_update`).
+The exported graph is checked for ops TF Serving cannot run
+(`forbidden_ops`).
 
 Example:
 
@@ -65,7 +65,6 @@ PosixPath('saved_models/transformer/1')
  'score': <tf.Tensor: ...>}
 """
 
-import contextlib
 import json
 import os
 import pathlib
@@ -73,11 +72,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 import tensorflow as tf
 
+from keras_transformer.decoding import DecodingOptions
+from keras_transformer.model import QUANTIZATION_MODES, quantized
 from keras_transformer.runs import check_run, load_run, resolve_weights
+from keras_transformer.serving_warmup import write_warmup_requests
 
 DEFAULT_BASE = "saved_models"
 DEFAULT_MODEL_NAME = "transformer"
@@ -130,40 +131,6 @@ def next_version(model_dir):
     return max(versions, default=0) + 1
 
 
-def _tensor_strided_slice_update(inputs, updates, start_indices):
-    """`XlaDynamicUpdateSlice` semantics (clamped start) with the core op."""
-    inputs = tf.convert_to_tensor(inputs)
-    updates = tf.cast(updates, inputs.dtype)
-    start = tf.stack([tf.cast(i, tf.int32) for i in start_indices])
-    start = tf.clip_by_value(start, 0, tf.shape(inputs) - tf.shape(updates))
-    end = start + tf.shape(updates)
-    strides = tf.ones_like(start)
-    return tf.raw_ops.TensorStridedSliceUpdate(input=inputs, begin=start, end=end,
-                                              strides=strides, value=updates)
-
-
-_TRACE_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def _core_ops_only():
-    """While tracing, `keras.ops.slice_update` emits no XLA-only op.
-
-    Keras' TensorFlow backend implements `slice_update` with
-    `XlaDynamicUpdateSlice`, which runs only inside an XLA cluster; TF
-    Serving runs uncompiled graphs (tensorflow/serving#2217).
-    """
-    from keras.src.backend.tensorflow import core as tf_core
-
-    with _TRACE_LOCK:
-        original = tf_core.dynamic_update_slice
-        tf_core.dynamic_update_slice = _tensor_strided_slice_update
-        try:
-            yield
-        finally:
-            tf_core.dynamic_update_slice = original
-
-
 # --- the serving module --------------------------------------------------------
 
 
@@ -182,10 +149,10 @@ class TranslationModule(tf.Module):
         model: a `keras_transformer.Transformer` built under the TensorFlow
             backend.
         tokenizer: a `keras_transformer.data.Tokenizer`.
-        beam_size: beam width of `serving_default`.
-        alpha: length-penalty strength (beam search and both scores).
+        options: the `DecodingOptions` of `serving_default` (its beam size,
+            at least 2, alpha and length limit); `translate_greedy` is the
+            same with beam size 1.
         max_source_length: source ids kept per sentence, EOS included.
-        max_extra_length: outputs have at most source length + this many ids.
         batch_buckets: static batch sizes of the traced searches; the largest
             is the chunk size.
         length_buckets: static source widths of the traced searches; the
@@ -193,13 +160,13 @@ class TranslationModule(tf.Module):
 
     Example:
 
-    >>> module = TranslationModule(model, tokenizer, beam_size=4, alpha=0.6,
+    >>> module = TranslationModule(model, tokenizer, DecodingOptions(),
     ...                            max_source_length=256)
     >>> module.translate_beam(["Hello."])["translation"]
     """
 
-    def __init__(self, model, tokenizer, *, beam_size, alpha, max_source_length,
-                 max_extra_length, batch_buckets=DEFAULT_BATCH_BUCKETS,
+    def __init__(self, model, tokenizer, options, *, max_source_length,
+                 batch_buckets=DEFAULT_BATCH_BUCKETS,
                  length_buckets=None, tokenizer_file=None, name="translation"):
         super().__init__(name=name)
         config = model.config
@@ -212,9 +179,8 @@ class TranslationModule(tf.Module):
         if tokenizer_file is not None:
             self.tokenizer_model = tf.saved_model.Asset(str(tokenizer_file))
         self._config = config
-        self._alpha = float(alpha)
+        self._options = options
         self._max_source_length = max_source_length
-        self._max_extra_length = max_extra_length
         self._batch_buckets = tuple(batch_buckets)
         self._length_buckets = tuple(length_buckets or
                                      _power_of_two_widths(max_source_length))
@@ -223,7 +189,7 @@ class TranslationModule(tf.Module):
         # Out of attribute tracking: saved once, as signatures (tracked
         # tf.functions would be traced a second time by `tf.saved_model.save`).
         self._functions = _Untracked({
-            BEAM_SIGNATURE: tf.function(lambda text: self._translate(text, beam_size),
+            BEAM_SIGNATURE: tf.function(lambda text: self._translate(text, options.beam_size),
                                         input_signature=spec, autograph=False),
             GREEDY_SIGNATURE: tf.function(lambda text: self._translate(text, 1),
                                           input_signature=spec, autograph=False),
@@ -231,9 +197,8 @@ class TranslationModule(tf.Module):
 
     def signatures(self):
         """`{name: concrete function}` of both signatures (traced on first call)."""
-        with _core_ops_only():
-            return {name: function.get_concrete_function()
-                    for name, function in self._functions.value.items()}
+        return {name: function.get_concrete_function()
+                for name, function in self._functions.value.items()}
 
     def translate_beam(self, text):
         """Beam search: `(batch,)` strings -> dict of `translation` and `score`."""
@@ -244,7 +209,7 @@ class TranslationModule(tf.Module):
         return self.signatures()[GREEDY_SIGNATURE](text=tf.convert_to_tensor(text, tf.string))
 
     def _buffer_length(self, width):
-        length = width + self._max_extra_length
+        length = width + self._options.max_extra_length
         if self._config.position_embedding == "learned":
             length = min(length, self._config.max_length)
         return max(length, 1)
@@ -269,26 +234,13 @@ class TranslationModule(tf.Module):
 
     def _search(self, source_ids, beam_size):
         """Static-shape search: int32 (b, w) ids -> (b, W) tokens, (b,) scores."""
-        from keras import ops
+        from keras_transformer.decoding import decode
 
-        from keras_transformer.decoding import beam_search, greedy_decode, length_penalty
-
-        config = self._config
-        if beam_size > 1:
-            tokens, scores = beam_search(
-                self._untracked.value, source_ids, beam_size=beam_size, alpha=self._alpha,
-                max_extra_length=self._max_extra_length, jit_compile=False)
-        else:
-            tokens, step_log_probs = greedy_decode(
-                self._untracked.value, source_ids, max_extra_length=self._max_extra_length,
-                return_step_log_probs=True, jit_compile=False)
-            lengths = ops.sum(ops.cast(ops.not_equal(tokens, config.pad_id), "int32"),
-                              axis=1)
-            scores = ops.sum(step_log_probs, axis=1) / length_penalty(
-                ops.maximum(lengths, 1), self._alpha)
+        options = self._options.replace(beam_size=beam_size)
+        tokens, scores = decode(self._untracked.value, source_ids, options, jit_compile=False)
         tokens = tf.convert_to_tensor(tokens)
         pad = self._output_width - tokens.shape[1]
-        tokens = tf.pad(tokens, [[0, 0], [0, pad]], constant_values=config.pad_id)
+        tokens = tf.pad(tokens, [[0, 0], [0, pad]], constant_values=self._config.pad_id)
         return tokens, tf.convert_to_tensor(scores)
 
     def _decode_chunk(self, ids, width_needed, beam_size):
@@ -398,29 +350,28 @@ def forbidden_ops(ops):
 # --- export ----------------------------------------------------------------------
 
 
-def _resolve_options(config, beam_size, alpha, max_source_length, max_extra_length,
-                     batch_buckets, length_buckets):
-    if not isinstance(beam_size, int) or beam_size < 2:
+def _resolve_options(config, decoding, max_source_length, batch_buckets, length_buckets,
+                     quantize):
+    if decoding.greedy:
         raise ValueError("beam_size (of serving_default) must be an integer >= 2 "
-                         f"(translate_greedy is the beam-1 search), received {beam_size!r}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, received alpha={alpha!r}")
+                         "(translate_greedy is the beam-1 search), received 1")
     if max_source_length is None:
         max_source_length = config.max_length
     if not isinstance(max_source_length, int) or not 2 <= max_source_length <= config.max_length:
         raise ValueError(
             "max_source_length must be an integer between 2 and the model's "
             f"config.max_length={config.max_length}, received {max_source_length!r}")
-    if not isinstance(max_extra_length, int) or max_extra_length < 0:
-        raise ValueError("max_extra_length must be a non-negative integer, "
-                         f"received {max_extra_length!r}")
+    if quantize is not None and quantize not in QUANTIZATION_MODES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATION_MODES)}, "
+                         f"received {quantize!r}")
     batch_buckets = _check_buckets("batch_buckets", batch_buckets)
     if length_buckets is None:
         length_buckets = _power_of_two_widths(max_source_length)
     length_buckets = _check_buckets("length_buckets", length_buckets, max_source_length)
-    return dict(beam_size=beam_size, alpha=float(alpha), max_source_length=max_source_length,
-                max_extra_length=max_extra_length, batch_buckets=batch_buckets,
-                length_buckets=length_buckets)
+    return dict(beam_size=decoding.beam_size, alpha=decoding.alpha,
+                max_extra_length=decoding.max_extra_length,
+                max_source_length=max_source_length, batch_buckets=batch_buckets,
+                length_buckets=length_buckets, quantize=quantize)
 
 
 def _version_dir(export_dir, model_name, version, overwrite):
@@ -439,9 +390,9 @@ def _version_dir(export_dir, model_name, version, overwrite):
 
 
 def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
-                       version=None, beam_size=4, alpha=0.6, max_source_length=None,
+                       version=None, beam_size=None, alpha=None, max_source_length=None,
                        max_extra_length=None, batch_buckets=DEFAULT_BATCH_BUCKETS,
-                       length_buckets=None, overwrite=False, verbose=False):
+                       length_buckets=None, quantize=None, overwrite=False, verbose=False):
     """Writes a translator as a TF Serving SavedModel `<export_dir>/<model_name>/<version>/`.
 
     See the module docstring for the signatures and the input handling. Under
@@ -457,8 +408,10 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             (`/v1/models/<model_name>:predict`).
         version: the version folder (a positive integer); default one more
             than the largest existing version, or 1.
-        beam_size: beam width of `serving_default` (at least 2).
-        alpha: length penalty of the beam search and of both scores.
+        beam_size: beam width of `serving_default` (at least 2); default
+            the translator's `options` (the paper's 4).
+        alpha: length penalty of the beam search and of both scores; default
+            the translator's.
         max_source_length: source ids kept per sentence, EOS included;
             longer inputs are truncated. Default `config.max_length`
             (what `Translator` keeps).
@@ -469,6 +422,8 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             holds it. Each bucket adds one traced search per width bucket.
         length_buckets: static source widths traced; default powers of two
             from 16, then `max_source_length`.
+        quantize: `"int8"` exports a weight-quantized copy of the model
+            (`keras_transformer.model.quantized`); default float32.
         overwrite: replace an existing version folder.
         verbose: print what is written.
 
@@ -492,13 +447,21 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             "the translator's tokenizer must be a keras_transformer.data.Tokenizer "
             "(SentencePiece ops in the graph); received "
             f"{type(tokenizer).__name__}")
-    if max_extra_length is None:
-        max_extra_length = int(getattr(translator, "max_extra_length", 50))
-    options = _resolve_options(model.config, beam_size, alpha, max_source_length,
-                               max_extra_length, batch_buckets, length_buckets)
+    decoding = getattr(translator, "options", None) or DecodingOptions()
+    decoding = decoding.replace(beam_size=beam_size, alpha=alpha,
+                                max_extra_length=max_extra_length)
+    options = _resolve_options(model.config, decoding, max_source_length, batch_buckets,
+                               length_buckets, quantize)
     model_dir, version, target = _version_dir(export_dir, model_name, version, overwrite)
+    already = getattr(model.target_embedding, "quantization_mode", None)
+    if already and quantize:
+        raise ValueError(f"the translator's model is quantized already ({already}); "
+                         "export it without quantize, or quantize the float32 model")
 
     if keras.backend.backend() != "tensorflow":
+        if already:
+            raise ValueError("under the JAX or PyTorch backend, export the float32 model "
+                             f"with quantize={already!r} instead of a quantized one")
         with tempfile.TemporaryDirectory(prefix="kt_export_") as tmp:
             tmp = pathlib.Path(tmp)
             model.save_weights(tmp / "model.weights.h5")
@@ -517,30 +480,36 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         asset_source.mkdir()
         asset_file = asset_source / TOKENIZER_ASSET
         asset_file.write_bytes(tokenizer.model_proto)
-        module = TranslationModule(model, tokenizer, tokenizer_file=asset_file, **{
-            k: options[k] for k in ("beam_size", "alpha", "max_source_length",
-                                    "max_extra_length", "batch_buckets",
-                                    "length_buckets")})
+        if quantize:
+            model = quantized(model, quantize)
+        module = TranslationModule(
+            model, tokenizer, decoding, tokenizer_file=asset_file,
+            max_source_length=options["max_source_length"],
+            batch_buckets=options["batch_buckets"], length_buckets=options["length_buckets"])
         out = staging / "model"
-        with _core_ops_only():  # nothing may be traced with XLA ops
-            tf.saved_model.save(module, str(out), signatures=module.signatures())
+        tf.saved_model.save(module, str(out), signatures=module.signatures())
         bad = forbidden_ops(saved_model_ops(out))
         if bad:
             raise RuntimeError(f"the exported graph contains ops TF Serving cannot run: {bad}")
         (out / "assets.extra").mkdir(exist_ok=True)
         (out / "assets.extra" / "export_options.json").write_text(json.dumps(
-            dict(options, batch_buckets=list(options["batch_buckets"]),
+            dict(options, quantize=quantize or already,
+                 batch_buckets=list(options["batch_buckets"]),
                  length_buckets=list(options["length_buckets"]),
                  config=model.config.to_dict(), tensorflow=tf.__version__,
                  tensorflow_text=_tf_text_version()), indent=2))
+        # TF Serving replays these requests when it loads the version: one per
+        # signature and traced (batch, width) shape.
+        write_warmup_requests(out, model_name=model_name)
         if target.exists():
             shutil.rmtree(target)
         os.replace(out, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if verbose:
+        weights = f", {quantize or already} weights" if quantize or already else ""
         print(f"Exported {BEAM_SIGNATURE} (beam {options['beam_size']}, alpha "
-              f"{options['alpha']}) and {GREEDY_SIGNATURE} to {target}")
+              f"{options['alpha']}{weights}) and {GREEDY_SIGNATURE} to {target}")
     return target
 
 
@@ -575,10 +544,10 @@ def _export_in_subprocess(run_dir, export_dir, **options):
 
 
 def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
-                    version=None, weights=None, beam_size=4, alpha=0.6,
-                    max_source_length=None, max_extra_length=50,
+                    version=None, weights=None, beam_size=None, alpha=None,
+                    max_source_length=None, max_extra_length=None,
                     batch_buckets=DEFAULT_BATCH_BUCKETS, length_buckets=None,
-                    overwrite=False, verbose=False):
+                    quantize=None, overwrite=False, verbose=False):
     """Exports a training output folder (`model.keras` + `spm.model`) for TF Serving.
 
     Works from any Keras backend: outside TensorFlow it re-runs itself in a
@@ -596,7 +565,8 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             `runs.resolve_weights` (`best`, `last`, `ckpt-<update>`, ...) or
             a `.weights.h5` path.
         beam_size, alpha, max_source_length, max_extra_length, batch_buckets,
-            length_buckets, overwrite, verbose: as in `export_saved_model`.
+            length_buckets, quantize, overwrite, verbose: as in
+            `export_saved_model` (decoding defaults: `DecodingOptions`').
 
     Returns:
         The `pathlib.Path` of the written version folder.
@@ -620,17 +590,20 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             run_dir, export_dir, model_name=model_name, version=version,
             overwrite=overwrite, verbose=verbose, beam_size=beam_size, alpha=alpha,
             max_source_length=max_source_length, max_extra_length=max_extra_length,
-            batch_buckets=batch_buckets, length_buckets=length_buckets, weights=weights)
+            batch_buckets=batch_buckets, length_buckets=length_buckets, quantize=quantize,
+            weights=weights)
 
     from keras_transformer.translate import Translator
 
     model, tokenizer = load_run(run_dir, weights)
-    translator = Translator(model, tokenizer, max_extra_length=max_extra_length)
+    decoding = DecodingOptions().replace(beam_size=beam_size, alpha=alpha,
+                                         max_extra_length=max_extra_length)
+    translator = Translator(model, tokenizer, decoding)
     return export_saved_model(
         translator, export_dir, model_name=model_name, version=version,
-        beam_size=beam_size, alpha=alpha, max_source_length=max_source_length,
-        max_extra_length=max_extra_length, batch_buckets=batch_buckets,
-        length_buckets=length_buckets, overwrite=overwrite, verbose=verbose)
+        max_source_length=max_source_length, batch_buckets=batch_buckets,
+        length_buckets=length_buckets, quantize=quantize, overwrite=overwrite,
+        verbose=verbose)
 
 
 if __name__ == "__main__":

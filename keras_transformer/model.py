@@ -199,3 +199,49 @@ def build_model(config=None, *, preset="base", vocab_size=None, **overrides):
     elif overrides:
         config = config.replace(**overrides)
     return Transformer(config)
+
+
+QUANTIZATION_MODES = ("int8",)
+
+
+def quantized(model, mode="int8"):
+    """A weight-quantized copy of a `Transformer`, for inference.
+
+    Keras' own `model.quantize(mode)` on a copy (the model passed in is left
+    as it is): every `Dense` layer (attention projections, feed-forward) and
+    the shared embedding / pre-softmax projection (`SharedEmbedding`, a
+    `ReversibleEmbedding`) store int8 weights with per-channel scales, and
+    quantize their inputs per token on the fly. Layer norms, positions and
+    the softmax stay float32. The copy is for decoding and export only: Keras
+    does not train quantized int8 weights.
+
+    Args:
+        model: a `Transformer`.
+        mode: `"int8"`.
+
+    Returns:
+        A new `Transformer` with the same config and quantized weights.
+
+    Example:
+
+    >>> model8 = quantized(model, "int8")
+    >>> Translator(model8, tokenizer).translate(["Hello."])
+    """
+    import warnings
+
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization mode must be one of {', '.join(QUANTIZATION_MODES)}, "
+                         f"received {mode!r}")
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a keras_transformer.Transformer, received "
+                        f"{type(model).__name__}")
+    if getattr(model.target_embedding, "quantization_mode", None):
+        raise ValueError(f"the model is quantized already "
+                         f"({model.target_embedding.quantization_mode})")
+    copy = Transformer(model.config, name=model.name)
+    copy.set_weights(model.get_weights())
+    with warnings.catch_warnings():
+        # Keras warns for each layer without weights to quantize (norms, masks...).
+        warnings.filterwarnings("ignore", message=".*does not have a `quantize` method")
+        copy.quantize(mode)
+    return copy

@@ -29,7 +29,7 @@ import pathlib
 import tomllib
 from typing import Optional
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.config import DecodingOptions, TransformerConfig
 
 SECTIONS = ("run", "data", "model", "training", "decoding", "export")
 
@@ -131,10 +131,12 @@ class Settings:
         200, "training", "validation sentences translated greedily for the BLEU "
         "measured during training (0: none)")
     # [decoding]
-    beam_size: int = _field(4, "decoding", "beam size of the final test (1: greedy)")
-    alpha: float = _field(0.6, "decoding", "length penalty of beam search")
-    max_extra_length: int = _field(50, "decoding", "a translation has at most "
-                                   "source length + this many tokens")
+    beam_size: int = _field(DecodingOptions.beam_size, "decoding",
+                            "beam size of the final test (1: greedy)")
+    alpha: float = _field(DecodingOptions.alpha, "decoding", "length penalty of beam search")
+    max_extra_length: int = _field(DecodingOptions.max_extra_length, "decoding",
+                                   "a translation has at most source length + this many "
+                                   "tokens")
     eval_sentences: Optional[int] = _field(None, "decoding", "score only the first N "
                                            "test sentences")
     # [export]
@@ -210,6 +212,11 @@ class Settings:
                 max_length=self.max_length, **self.model)
         except (ValueError, TypeError) as error:
             raise SettingsError(f"model settings {self.model}: {error}") from None
+
+    def decoding_options(self):
+        """The run's `DecodingOptions` (the `[decoding]` section)."""
+        return DecodingOptions(beam_size=self.beam_size, alpha=self.alpha,
+                               max_extra_length=self.max_extra_length)
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.decoding import beam_search, greedy_decode, length_penalty
+from keras_transformer.decoding import DecodingOptions, decode
 
 
 def _to_id_lists(ids):
@@ -72,10 +72,12 @@ class Translator:
             `detokenize(list_of_id_lists)` and the `pad_id`, `bos_id`,
             `eos_id` of the model's config; `id_to_token(id)` is used, when
             present, to label attention plots.
+        options: the default `DecodingOptions` of `translate` (beam size,
+            alpha, length limit); default the paper's (beam 4, alpha 0.6,
+            source length + 50).
         batch_size: sentences per batch (beam search runs
             `batch_size * beam_size` hypotheses at once).
-        max_extra_length: outputs have at most source length + this many
-            tokens (the paper: 50).
+        max_extra_length: shorthand for `options.max_extra_length`.
         length_multiple: source widths are padded to a multiple of this.
         jit_compile: passed to the decoding functions (`None`: compile under
             TensorFlow and JAX).
@@ -87,8 +89,8 @@ class Translator:
     ['Hallo Welt.', 'Wie geht es dir?']
     """
 
-    def __init__(self, model, tokenizer, *, batch_size=32, max_extra_length=50,
-                 length_multiple=8, jit_compile=None):
+    def __init__(self, model, tokenizer, options=None, *, batch_size=32,
+                 max_extra_length=None, length_multiple=8, jit_compile=None):
         config = getattr(model, "config", None)
         if config is None:
             raise TypeError(
@@ -115,7 +117,11 @@ class Translator:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.max_extra_length = max_extra_length
+        options = DecodingOptions() if options is None else options
+        if not isinstance(options, DecodingOptions):
+            raise TypeError("options must be a keras_transformer.DecodingOptions, "
+                            f"received {type(options).__name__}")
+        self.options = options.replace(max_extra_length=max_extra_length)
         self.length_multiple = length_multiple
         self.jit_compile = jit_compile
         # Fixed batch shapes only matter where the search is compiled.
@@ -155,26 +161,34 @@ class Translator:
             array[i, : len(row)] = row
         return array
 
-    def _decode(self, source, beam_size, alpha):
-        if beam_size == 1:
-            tokens = greedy_decode(self.model, source, max_extra_length=self.max_extra_length,
-                                   jit_compile=self.jit_compile)
-        else:
-            tokens, _ = beam_search(self.model, source, beam_size=beam_size, alpha=alpha,
-                                    max_extra_length=self.max_extra_length,
-                                    jit_compile=self.jit_compile)
-        return ops.convert_to_numpy(tokens)
+    @property
+    def max_extra_length(self):
+        """`options.max_extra_length`: outputs have at most source length + this."""
+        return self.options.max_extra_length
+
+    def _options(self, beam_size, alpha):
+        if beam_size is not None and (not isinstance(beam_size, int) or beam_size < 1):
+            raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
+        return self.options.replace(beam_size=beam_size, alpha=alpha)
+
+    def _decode(self, source, options):
+        """NumPy `(tokens, scores)` of one batch, see `decoding.decode`."""
+        tokens, scores = decode(self.model, source, options, jit_compile=self.jit_compile)
+        return (ops.convert_to_numpy(tokens),
+                ops.convert_to_numpy(scores).astype("float32"))
 
     # --- public API --------------------------------------------------------------
 
-    def translate(self, sentences, *, beam_size=4, alpha=0.6, progress=False,
+    def translate(self, sentences, *, beam_size=None, alpha=None, progress=False,
                   return_attention=False):
         """Translates a list of sentences.
 
         Args:
             sentences: a list of strings.
-            beam_size: beam width; 1 is greedy decoding.
-            alpha: length-penalty strength (see `beam_search`).
+            beam_size: beam width; 1 is greedy decoding (default
+                `options.beam_size`).
+            alpha: length-penalty strength (see `beam_search`; default
+                `options.alpha`).
             progress: show a `keras.utils.Progbar` over the sentences.
             return_attention: also return, per sentence, the attention
                 weights of a teacher-forced pass over the chosen translation.
@@ -203,7 +217,7 @@ class Translator:
             return_attention=return_attention, caller="translate")
         return (translations, attentions) if return_attention else translations
 
-    def translate_with_scores(self, sentences, *, beam_size=4, alpha=0.6, progress=False):
+    def translate_with_scores(self, sentences, *, beam_size=None, alpha=None, progress=False):
         """Translates a list of sentences and scores each translation.
 
         The translations are those of `translate` with the same arguments.
@@ -218,9 +232,10 @@ class Translator:
 
         Args:
             sentences: a list of strings.
-            beam_size: beam width; 1 is greedy decoding.
+            beam_size: beam width; 1 is greedy decoding (default
+                `options.beam_size`).
             alpha: length-penalty strength, `>= 0` (for greedy decoding it
-                only normalises the score).
+                only normalises the score; default `options.alpha`).
             progress: show a `keras.utils.Progbar` over the sentences.
 
         Returns:
@@ -232,8 +247,6 @@ class Translator:
         >>> scores[0] < 0
         True
         """
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, received alpha={alpha!r}")
         translations, scores, _ = self._translate(
             sentences, beam_size, alpha, progress, with_scores=True, return_attention=False,
             caller="translate_with_scores")
@@ -248,8 +261,7 @@ class Translator:
         if isinstance(sentences, (str, bytes)):
             raise TypeError(f"{caller} expects a list of strings; wrap one sentence "
                             f"in a list: {caller}([sentence])")
-        if not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
+        options = self._options(beam_size, alpha)
         sentences = [s.decode("utf-8") if isinstance(s, bytes) else str(s)
                      for s in sentences]
         translations = [""] * len(sentences)
@@ -265,12 +277,9 @@ class Translator:
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
             source = self._batch_array([source_ids[i] for i in batch])
-            if with_scores:
-                tokens, batch_scores = self._decode_with_scores(source, beam_size, alpha)
-                for row, i in enumerate(batch):
-                    scores[i] = float(batch_scores[row])
-            else:
-                tokens = self._decode(source, beam_size, alpha)
+            tokens, batch_scores = self._decode(source, options)
+            for row, i in enumerate(batch):
+                scores[i] = float(batch_scores[row])
             outputs = [self._strip(tokens[row]) for row in range(len(batch))]
             texts = _to_strings(self.tokenizer.detokenize(outputs))
             for i, text in zip(batch, texts):
@@ -289,24 +298,6 @@ class Translator:
             bar.update(len(sentences))
         return (translations, scores if with_scores else None,
                 attentions if return_attention else None)
-
-    def _decode_with_scores(self, source, beam_size, alpha):
-        """NumPy `(tokens, scores)`: scores `log P(Y) / lp(|Y|, alpha)`, EOS counted."""
-        if beam_size > 1:
-            tokens, scores = beam_search(self.model, source, beam_size=beam_size, alpha=alpha,
-                                         max_extra_length=self.max_extra_length,
-                                         jit_compile=self.jit_compile)
-            return (ops.convert_to_numpy(tokens),
-                    ops.convert_to_numpy(scores).astype("float32"))
-        tokens, step_log_probs = greedy_decode(
-            self.model, source, max_extra_length=self.max_extra_length,
-            return_step_log_probs=True, jit_compile=self.jit_compile)
-        tokens = ops.convert_to_numpy(tokens)
-        step_log_probs = ops.convert_to_numpy(step_log_probs).astype("float32")
-        # As the export's translate_greedy: generated ids (EOS included) are the non-pad ones.
-        lengths = np.maximum((tokens != self.model.config.pad_id).sum(axis=1), 1)
-        penalties = np.array([length_penalty(int(n), float(alpha)) for n in lengths], "float32")
-        return tokens, step_log_probs.sum(axis=1) / penalties
 
     def attention_weights(self, source_ids, target_ids):
         """Attention weights of a teacher-forced pass over given outputs.
@@ -425,7 +416,7 @@ def score_translations(hypotheses, references):
     )
 
 
-def evaluate_bleu(translator, source_file, reference_file, *, beam_size=4, alpha=0.6,
+def evaluate_bleu(translator, source_file, reference_file, *, beam_size=None, alpha=None,
                   max_sentences=None, output_file=None, progress=False, verbose=True):
     """Translates a source file and scores it with sacreBLEU (BLEU and chrF).
 
@@ -441,8 +432,9 @@ def evaluate_bleu(translator, source_file, reference_file, *, beam_size=4, alpha
         source_file: plain text, one source sentence per line (e.g.
             `wmt14_newstest/test.en`).
         reference_file: the aligned references (e.g. `test.de`).
-        beam_size: beam width (the paper: 4).
-        alpha: length penalty (the paper: 0.6).
+        beam_size: beam width (default: the translator's options, the
+            paper's 4).
+        alpha: length penalty (default: the translator's, the paper's 0.6).
         max_sentences: score only the first this many lines.
         output_file: write the translations there, one per line.
         progress: show a progress bar while translating.

@@ -286,9 +286,10 @@ def test_command_errors_are_one_line(run_dir, tmp_path, capsys, argv, message):
 
 @pytest.mark.backend_independent
 def test_other_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, monkeypatch):
-    assert main(["export", "--run", str(run_dir), "--quantize", "int8"]) == 1
+    assert main(["export", "--run", str(run_dir), "--quantize", "float16"]) == 1
     assert capsys.readouterr().err.strip() == (
-        "keras-transformer export: error: --quantize applies to --format ctranslate2 only")
+        "keras-transformer export: error: --quantize float16 applies to --format ctranslate2 "
+        "only; a SavedModel takes --quantize int8")
 
     # Keys and values of different widths have no CTranslate2 layout.
     model = _model(num_layers=1, key_dim=16, value_dim=32)

@@ -31,7 +31,7 @@ from keras_transformer.export import (
     next_version,
     saved_model_ops,
 )
-from keras_transformer.model import build_model
+from keras_transformer.model import build_model, quantized
 from keras_transformer.translate import Translator
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -142,15 +142,14 @@ json.dump(result, open(sys.argv[3], "w", encoding="utf-8"))
 """
 
 
-def test_fresh_process_with_only_tf_text_matches_translator(export, tmp_path):
-    # Copy the export elsewhere and move the original away: self-contained.
-    copy = tmp_path / "elsewhere" / "transformer" / "1"
-    shutil.copytree(export["path"], copy)
-    hidden = export["path"].with_name("hidden")
-    export["path"].rename(hidden)
+def _in_fresh_process(path, sentences, tmp_path):
+    """Loads a copy of the export in a process with only tf and tf_text; its outputs."""
+    copy = tmp_path / "elsewhere" / "transformer" / path.name
+    shutil.copytree(path, copy)
+    hidden = path.with_name("hidden")
+    path.rename(hidden)  # the original moved away: the copy is self-contained
     try:
-        (tmp_path / "texts.json").write_text(json.dumps(export["sentences"]),
-                                             encoding="utf-8")
+        (tmp_path / "texts.json").write_text(json.dumps(sentences), encoding="utf-8")
         (tmp_path / "child.py").write_text(_CHILD)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         result = subprocess.run(
@@ -158,11 +157,16 @@ def test_fresh_process_with_only_tf_text_matches_translator(export, tmp_path):
              str(tmp_path / "texts.json"), str(tmp_path / "out.json")],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     finally:
-        hidden.rename(export["path"])
+        hidden.rename(path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
     assert out["modules"] == []  # the model code is not needed
     assert pathlib.Path(out["asset"]).resolve() == (copy / "assets" / "spm.model").resolve()
+    return out
+
+
+def test_fresh_process_with_only_tf_text_matches_translator(export, tmp_path):
+    out = _in_fresh_process(export["path"], export["sentences"], tmp_path)
     assert out["serving_default"] == export["beam"]
     assert out["translate_greedy"] == export["greedy"]
     # Non-trivial outputs: not all empty, not all equal.
@@ -170,6 +174,25 @@ def test_fresh_process_with_only_tf_text_matches_translator(export, tmp_path):
     assert all(nonblank) and len(set(nonblank)) > 1
     scores = np.array(out["serving_default_score"])
     assert np.all(np.isfinite(scores)) and np.all(scores[[14, 15]] == 0.0)
+
+
+def test_int8_export_matches_the_quantized_translator_in_a_fresh_process(export, tmp_path):
+    translator = export["translator"]
+    path = export_saved_model(translator, tmp_path / "int8", beam_size=BEAM_SIZE,
+                              alpha=ALPHA, batch_buckets=(1, 8), quantize="int8")
+    options = json.loads((path / "assets.extra" / "export_options.json").read_text())
+    assert options["quantize"] == "int8"
+    # The weights are stored as int8: the variables of the SavedModel say so.
+    dtypes = {tf.as_dtype(v.dtype).name for v in tf.saved_model.load(str(path)).model_variables}
+    assert "int8" in dtypes and "float32" in dtypes
+    model8 = quantized(translator.model, "int8")
+    reference = Translator(model8, translator.tokenizer, translator.options, batch_size=8)
+    sentences = export["sentences"]
+    out = _in_fresh_process(path, sentences, tmp_path)
+    assert out["serving_default"] == reference.translate(sentences, beam_size=BEAM_SIZE)
+    assert out["translate_greedy"] == reference.translate(sentences, beam_size=1)
+    # The translator's own model stayed float32.
+    assert getattr(translator.model.target_embedding, "quantization_mode", None) is None
 
 
 def test_scores_are_length_normalised_log_probabilities(export, loaded):
@@ -387,4 +410,6 @@ def test_export_argument_errors(export, tmp_path):
         export_saved_model(translator, tmp_path, length_buckets=(8, 16))
     with pytest.raises(TypeError, match="Tokenizer"):
         export_saved_model(Translator(translator.model, object()), tmp_path)
+    with pytest.raises(ValueError, match="quantize must be one of int8"):
+        export_saved_model(translator, tmp_path, quantize="int4")
     assert not any(tmp_path.iterdir())

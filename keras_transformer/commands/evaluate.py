@@ -19,7 +19,9 @@ def add_parser(commands):
                    help="final (model.keras), averaged, best, last, ckpt-<update> or "
                         ".weights.h5 paths (default: final)")
     p.add_argument("--beam-sizes", nargs="+", type=int, default=[4], help="1 = greedy")
-    p.add_argument("--alpha", type=float, default=0.6, help="default 0.6")
+    p.add_argument("--alpha", type=float, help="length penalty (default 0.6)")
+    p.add_argument("--quantize", choices=["int8"],
+                   help="score int8 weights (Keras' model.quantize on a copy)")
     p.add_argument("--max-sentences", type=int, help="score only the first N lines")
     p.add_argument("--json", help="also write the rows to this file")
     p.set_defaults(func=run_evaluate)
@@ -32,7 +34,7 @@ def run_evaluate(args):
 
     rows = evaluate_run(args.run, args.data, splits=args.splits, weights=args.weights,
                         beam_sizes=args.beam_sizes, alpha=args.alpha,
-                        max_sentences=args.max_sentences)
+                        quantize=args.quantize, max_sentences=args.max_sentences)
     print("| weights | beam | split | sacreBLEU | chrF2 |\n|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['weights']} | {row['beam_size']} | {row['split']} | "

@@ -15,8 +15,8 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
 # None so that a value given with --format ctranslate2 is refused, not ignored.
 _SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_source_length",
                      "max_extra_length", "batch_buckets", "length_buckets")
-_SAVED_MODEL_DEFAULTS = dict(beam_size=4, alpha=0.6, max_extra_length=50,
-                             batch_buckets=(1, 8, 32))
+# The SavedModel's own weight quantization (Keras' model.quantize).
+SAVED_MODEL_QUANTIZATIONS = ("int8",)
 
 
 def _int_list(text):
@@ -38,8 +38,10 @@ def run_export(args):
                            "folder with model.keras and spm.model")
     if args.format == "ctranslate2":
         return _export_ctranslate2(args, run_dir)
-    if args.quantize is not None:
-        raise CommandError("--quantize applies to --format ctranslate2 only")
+    if args.quantize is not None and args.quantize not in SAVED_MODEL_QUANTIZATIONS:
+        raise CommandError(f"--quantize {args.quantize} applies to --format ctranslate2 only; "
+                           f"a SavedModel takes --quantize "
+                           f"{' or '.join(SAVED_MODEL_QUANTIZATIONS)}")
     return _export_saved_model(args, run_dir)
 
 
@@ -48,15 +50,14 @@ def _export_saved_model(args, run_dir):
     # subprocess (the weights are backend-portable).
     from keras_transformer.export import export_from_run
 
-    options = {name: getattr(args, name) for name in _SAVED_MODEL_ONLY}
-    for name, default in _SAVED_MODEL_DEFAULTS.items():
-        if options[name] is None:
-            options[name] = default
-    options["length_buckets"] = options["length_buckets"] or None
+    # What is not given takes export_from_run's defaults (decoding: DecodingOptions').
+    options = {name: getattr(args, name) for name in _SAVED_MODEL_ONLY
+               if getattr(args, name) not in (None, ())}
     try:
         path = export_from_run(
             run_dir, args.export_dir, model_name=args.model_name, weights=args.weights,
-            overwrite=args.overwrite, verbose=not args.quiet, **options)
+            quantize=args.quantize, overwrite=args.overwrite, verbose=not args.quiet,
+            **options)
     except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as error:
         raise CommandError(str(error)) from None
     print(path)
@@ -102,8 +103,8 @@ def add_parser(commands):
     e.add_argument("--format", choices=FORMATS, default="saved_model",
                    help="saved_model (TF Serving, default) or ctranslate2")
     e.add_argument("--quantize", choices=QUANTIZATIONS,
-                   help="ctranslate2 only: store the weights quantized, e.g. int8 "
-                        "(default: float32)")
+                   help="store the weights quantized (default: float32): int8 for a "
+                        "SavedModel (Keras' model.quantize); any of these for ctranslate2")
     e.add_argument("--export-dir", default="saved_models",
                    help="base folder (default saved_models): <export-dir>/<model-name>/"
                         "<version>/ for a SavedModel, <export-dir>/<model-name>-ct2"
@@ -114,8 +115,9 @@ def add_parser(commands):
                                                "number")
     e.add_argument("--weights", help="export other weights than model.keras': best, last, "
                                      "ckpt-<update> or a .weights.h5 path")
-    e.add_argument("--beam-size", type=int, help="saved_model: default 4")
-    e.add_argument("--alpha", type=float, help="saved_model: default 0.6")
+    e.add_argument("--beam-size", type=int, help="saved_model: of serving_default "
+                                                 "(default 4)")
+    e.add_argument("--alpha", type=float, help="saved_model: length penalty (default 0.6)")
     e.add_argument("--max-source-length", type=int,
                    help="saved_model: source ids kept, EOS included (default: "
                         "config.max_length)")

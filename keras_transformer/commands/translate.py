@@ -132,8 +132,10 @@ def signature_translate_fn(signature):
     return translate_batch
 
 
-def translator_translate_fn(translator, *, beam_size=4, alpha=0.6):
+def translator_translate_fn(translator):
     """`fn(list of bytes) -> (translations, scores)` running a `Translator`.
+
+    It decodes as the translator's `options` say.
 
     Bytes that are not valid UTF-8 become U+FFFD, as the export does.
     """
@@ -141,8 +143,7 @@ def translator_translate_fn(translator, *, beam_size=4, alpha=0.6):
     def translate_batch(batch):
         sentences = [line.decode("utf-8", "replace") if isinstance(line, bytes) else line
                      for line in batch]
-        texts, scores = translator.translate_with_scores(sentences, beam_size=beam_size,
-                                                         alpha=alpha)
+        texts, scores = translator.translate_with_scores(sentences)
         return [_one_line(t) for t in texts], scores
 
     return translate_batch
@@ -215,7 +216,8 @@ def _stderr_progress(done, elapsed, final=False):
 
 # Decoding options of --run; a SavedModel fixed them at export.
 _RUN_OPTIONS = (("weights", "--weights"), ("beam_size", "--beam-size"),
-                ("alpha", "--alpha"), ("max_extra_length", "--max-extra-length"))
+                ("alpha", "--alpha"), ("max_extra_length", "--max-extra-length"),
+                ("quantize", "--quantize"))
 
 
 def _check_options(args):
@@ -225,8 +227,8 @@ def _check_options(args):
         given = [flag for name, flag in _RUN_OPTIONS if getattr(args, name) is not None]
         if given:
             raise CommandError(
-                f"{', '.join(given)} only apply to --run: a SavedModel's beam size, alpha "
-                "and length limit were fixed when it was exported (--beam, --greedy or "
+                f"{', '.join(given)} only apply to --run: a SavedModel's weights, beam size, "
+                "alpha and length limit were fixed when it was exported (--beam, --greedy or "
                 "--signature select one of its signatures)")
         return
     if args.signature:
@@ -279,20 +281,24 @@ def _load_saved_model(args):
 
 
 def _load_run(args, batch_size):
+    from keras_transformer.config import DecodingOptions
+    from keras_transformer.model import quantized
     from keras_transformer.runs import load_run
     from keras_transformer.translate import Translator
 
     run_dir = pathlib.Path(args.run)
     weights = args.weights or "final"
     model, tokenizer = load_run(run_dir, None if weights == "final" else weights)
-    beam_size = 1 if args.greedy else (4 if args.beam_size is None else args.beam_size)
-    alpha = 0.6 if args.alpha is None else args.alpha
-    max_extra = 50 if args.max_extra_length is None else args.max_extra_length
-    translator = Translator(model, tokenizer, batch_size=batch_size,
-                            max_extra_length=max_extra)
-    decoding = "greedy" if beam_size == 1 else f"beam {beam_size}"
-    return (translator_translate_fn(translator, beam_size=beam_size, alpha=alpha),
-            f"{run_dir}, weights {weights}, {decoding}, alpha {alpha}")
+    if args.quantize:
+        model = quantized(model, args.quantize)
+    options = DecodingOptions().replace(beam_size=1 if args.greedy else args.beam_size,
+                                        alpha=args.alpha,
+                                        max_extra_length=args.max_extra_length)
+    translator = Translator(model, tokenizer, options, batch_size=batch_size)
+    decoding = "greedy" if options.greedy else f"beam {options.beam_size}"
+    int8 = f", {args.quantize} weights" if args.quantize else ""
+    return (translator_translate_fn(translator),
+            f"{run_dir}, weights {weights}{int8}, {decoding}, alpha {options.alpha}")
 
 
 def run_translate(args):
@@ -364,6 +370,8 @@ def add_parser(commands):
     run.add_argument("--alpha", type=float, help="length-penalty strength (default 0.6)")
     run.add_argument("--max-extra-length", type=int,
                      help="outputs have at most source length + this many ids (default 50)")
+    run.add_argument("--quantize", choices=["int8"],
+                     help="decode with int8 weights (Keras' model.quantize on a copy)")
     t.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     t.set_defaults(func=run_translate)
     return t

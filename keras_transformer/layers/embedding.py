@@ -2,13 +2,14 @@
 
 import math
 
-from keras import initializers, layers, ops
+import keras_hub
+from keras import initializers, ops
 
 from keras_transformer.api import register
 
 
 @register
-class SharedEmbedding(layers.Layer):
+class SharedEmbedding(keras_hub.layers.ReversibleEmbedding):
     """Token embedding that doubles as the pre-softmax linear projection.
 
     Section 3.4 of the paper: the same weight matrix is used by the source and
@@ -16,6 +17,11 @@ class SharedEmbedding(layers.Layer):
     embeddings are multiplied by sqrt(d_model). `call(ids)` embeds,
     `call(x, reverse=True)` projects `(batch, T, d_model)` to logits
     `(batch, T, vocab_size)` with the transposed matrix.
+
+    It is keras-hub's `ReversibleEmbedding` (Keras' own, with tied weights)
+    plus the sqrt(d_model) scale, so Keras can quantize it:
+    `model.quantize("int8")` stores the matrix as int8 with one scale per
+    token, for the embedding lookup and the output projection alike.
 
     The default initializer is normal with standard deviation d_model^-0.5, so
     the scaled embeddings start with unit variance (as tensor2tensor and
@@ -36,58 +42,45 @@ class SharedEmbedding(layers.Layer):
 
     def __init__(self, vocab_size, d_model, scale=True, embeddings_initializer=None,
                  **kwargs):
-        super().__init__(**kwargs)
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(
                     f"SharedEmbedding: {name} must be a positive integer, "
                     f"received {name}={value!r}"
                 )
+        if embeddings_initializer is None:
+            embeddings_initializer = initializers.RandomNormal(stddev=d_model**-0.5)
+        for name in ("input_dim", "output_dim", "tie_weights"):
+            kwargs.pop(name, None)  # from get_config: given by the arguments above
+        super().__init__(vocab_size, d_model, tie_weights=True,
+                         embeddings_initializer=embeddings_initializer, **kwargs)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.scale = scale
-        if embeddings_initializer is None:
-            embeddings_initializer = initializers.RandomNormal(stddev=d_model**-0.5)
-        self.embeddings_initializer = initializers.get(embeddings_initializer)
 
-    def build(self, inputs_shape=None):
-        self.embeddings = self.add_weight(
-            name="embeddings",
-            shape=(self.vocab_size, self.d_model),
-            initializer=self.embeddings_initializer,
-        )
-        self.built = True
+    def _scaled(self, outputs, reverse):
+        if reverse or not self.scale:
+            return outputs
+        return outputs * ops.cast(math.sqrt(self.d_model), outputs.dtype)
 
     def call(self, inputs, reverse=False):
         if reverse:
-            # (batch, T, d_model) x (d_model, vocab) -> (batch, T, vocab)
-            kernel = ops.cast(ops.transpose(self.embeddings), inputs.dtype)
-            return ops.matmul(inputs, kernel)
-        if "int" not in str(inputs.dtype):
-            inputs = ops.cast(inputs, "int32")
-        outputs = ops.take(self.embeddings, inputs, axis=0)
-        if self.scale:
-            outputs = outputs * ops.cast(math.sqrt(self.d_model), outputs.dtype)
-        return outputs
+            inputs = ops.cast(inputs, self.compute_dtype)
+        return self._scaled(super().call(inputs, reverse=reverse), reverse)
 
-    def compute_output_spec(self, inputs, reverse=False):
-        from keras import KerasTensor
+    def _int8_call(self, inputs, reverse=False):
+        return self._scaled(super()._int8_call(inputs, reverse=reverse), reverse)
 
-        if reverse:
-            return KerasTensor(tuple(inputs.shape[:-1]) + (self.vocab_size,),
-                               dtype=self.compute_dtype)
-        return KerasTensor(tuple(inputs.shape) + (self.d_model,), dtype=self.compute_dtype)
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras refuses subclasses (`type_check`) because their `call` may
+        # differ; this one only adds the scale, applied in `_int8_call` too.
+        if mode != "int8":
+            raise NotImplementedError(
+                f"SharedEmbedding supports int8 quantization only, received {mode!r}")
+        super().quantize(mode, type_check=False, config=config)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "vocab_size": self.vocab_size,
-                "d_model": self.d_model,
-                "scale": self.scale,
-                "embeddings_initializer": initializers.serialize(
-                    self.embeddings_initializer
-                ),
-            }
-        )
+        config.update({"vocab_size": self.vocab_size, "d_model": self.d_model,
+                       "scale": self.scale})
         return config

@@ -6,6 +6,7 @@ from keras import initializers, layers, ops
 
 from keras_transformer.api import register
 from keras_transformer.layers.masks import causal_mask, merge_masks
+from keras_transformer.layers.updates import slice_update
 
 # Added to the logits of masked keys. The logits are computed in float32, so
 # exp(-1e9 - max) underflows to exactly 0 and masked keys get weight 0.0.
@@ -172,8 +173,8 @@ class MultiHeadAttention(layers.Layer):
             k, v = self.compute_key_value(key, value)  # (B, h, Tk, dk|dv)
             if cache is not None:
                 start = [0, 0, cache_update_index, 0]
-                k = ops.slice_update(cache[0], start, ops.cast(k, cache[0].dtype))
-                v = ops.slice_update(cache[1], start, ops.cast(v, cache[1].dtype))
+                k = slice_update(cache[0], start, ops.cast(k, cache[0].dtype))
+                v = slice_update(cache[1], start, ops.cast(v, cache[1].dtype))
                 cache = (k, v)
 
         query_length = ops.shape(q)[2]

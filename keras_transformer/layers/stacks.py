@@ -195,6 +195,22 @@ class TransformerDecoder(_StackMixin, layers.Layer):
             for _ in range(self.num_layers)
         ]
 
+    def grow_self_attention_cache(self, cache, max_length):
+        """The caches of `init_self_attention_cache`, zero-padded to `max_length` steps.
+
+        Incremental decoding can start with a short cache and grow it as the
+        outputs get longer: every step reads (and beam search reorders) the
+        whole cache, so a cache sized for the longest possible output costs
+        memory traffic on every step of a short one.
+        """
+        def grow(t):
+            extra = max_length - t.shape[2]
+            if extra < 0:
+                raise ValueError(f"cannot shrink a cache of {t.shape[2]} steps to {max_length}")
+            return ops.pad(t, [[0, 0], [0, 0], [0, extra], [0, 0]]) if extra else t
+
+        return [tuple(grow(t) for t in layer_cache) for layer_cache in cache]
+
     def call(
         self,
         embeddings,

@@ -1,0 +1,114 @@
+"""int8 weights: the quantized shared embedding against NumPy, the model against float32.
+
+The reference for `SharedEmbedding` in int8 is the quantization written out in
+NumPy (per-token absmax scales of the matrix, per-row absmax scales of the
+projected activations, the sqrt(d_model) scale of the paper); the reference
+for the quantized model is the float32 model it was copied from.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.layers import SharedEmbedding
+from keras_transformer.model import build_model, quantized
+from keras_transformer.translate import Translator
+
+
+def _absmax_int8(x, axis):
+    """Keras' AbsMaxQuantizer: int8 values and the scale that maps back (q / scale)."""
+    scale = 127.0 / (np.max(np.abs(x), axis=axis, keepdims=True) + keras.backend.epsilon())
+    return np.clip(np.round(x * scale), -127, 127), scale
+
+
+def test_int8_shared_embedding_matches_numpy_quantization():
+    vocab, d_model = 50, 16
+    layer = SharedEmbedding(vocab, d_model)
+    layer.build()
+    matrix = keras.ops.convert_to_numpy(layer.embeddings).copy()
+    layer.quantize("int8")
+    assert keras.backend.standardize_dtype(layer._embeddings.dtype) == "int8"
+
+    q, scale = _absmax_int8(matrix, axis=-1)  # one scale per token
+    ids = np.array([[3, 7, 0, 49]], "int32")
+    expected = q[ids] / scale[ids] * math.sqrt(d_model)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(ids)), expected,
+                               rtol=1e-5, atol=1e-6)
+
+    x = np.random.RandomState(0).normal(size=(2, 3, d_model)).astype("float32")
+    xq, x_scale = _absmax_int8(x, axis=-1)  # activations: one scale per position
+    expected = (xq @ q.T) / (x_scale * scale.T)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x, reverse=True)), expected,
+                               rtol=1e-4, atol=1e-5)
+    # And the float32 projection it approximates, within the quantization error.
+    np.testing.assert_allclose(expected, x @ matrix.T, atol=0.05)
+
+
+def test_shared_embedding_refuses_other_modes():
+    layer = SharedEmbedding(10, 8)
+    layer.build()
+    with pytest.raises(NotImplementedError, match="int8 quantization only"):
+        layer.quantize("float8")
+
+
+def _model():
+    keras.utils.set_random_seed(3)
+    return build_model(preset="tiny", vocab_size=200, dropout=0.0)
+
+
+def test_quantized_copy_quantizes_dense_and_embedding_and_leaves_the_original():
+    model = _model()
+    before = [keras.ops.convert_to_numpy(w).copy() for w in model.weights]
+    model8 = quantized(model, "int8")
+    modes = {layer.name: layer.quantization_mode for layer in model8._flatten_layers()
+             if getattr(layer, "quantization_mode", None)}
+    assert modes["shared_embedding"] == "int8"
+    for name in ("query", "key", "value", "attention_output", "ffn_inner", "ffn_output"):
+        assert modes[name] == "int8"
+    after = [keras.ops.convert_to_numpy(w) for w in model.weights]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert getattr(model.target_embedding, "quantization_mode", None) is None
+    with pytest.raises(ValueError, match="quantized already"):
+        quantized(model8, "int8")
+    with pytest.raises(ValueError, match="one of int8"):
+        quantized(model, "int4")
+
+
+def test_int8_log_probabilities_stay_close_to_float32():
+    """The stated tolerance: log-probabilities within 0.1 (max) and 0.02 (mean)."""
+    model = _model()
+    model8 = quantized(model, "int8")
+    rng = np.random.RandomState(0)
+    inputs = {"source_ids": rng.randint(4, 200, (4, 12)).astype("int32"),
+              "target_ids": rng.randint(4, 200, (4, 9)).astype("int32")}
+
+    def log_probs(m):
+        logits = keras.ops.convert_to_numpy(m(inputs, training=False)).astype("float64")
+        return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+    reference, int8 = log_probs(model), log_probs(model8)
+    difference = np.abs(reference - int8)
+    assert difference.max() < 0.1 and difference.mean() < 0.02
+    assert difference.max() > 0  # the weights really changed
+
+
+class _IdTokenizer:
+    pad_id, bos_id, eos_id = 0, 1, 2
+
+    def tokenize(self, sentences):
+        return [[int(t) for t in s.split()] for s in sentences]
+
+    def detokenize(self, ids):
+        return [" ".join(str(i) for i in row) for row in ids]
+
+
+def test_translator_decodes_with_a_quantized_model():
+    model8 = quantized(_model(), "int8")
+    translator = Translator(model8, _IdTokenizer(), batch_size=2, max_extra_length=5)
+    texts, scores = translator.translate_with_scores(["5 6 7", "8 9", ""], beam_size=2)
+    assert texts[2] == "" and scores[2] == 0.0
+    # At most source length (ids + EOS) + max_extra_length tokens, EOS included.
+    for text, limit, score in zip(texts[:2], (4 + 5, 3 + 5), scores[:2]):
+        assert 1 <= len(text.split()) <= limit and np.isfinite(score) and score < 0
