@@ -37,21 +37,33 @@ def test_compile_model_uses_the_papers_recipe():
 
 @pytest.mark.slow
 def test_tiny_model_memorises_64_random_pairs(tiny_config):
-    """Sanity check of the whole training path: fit drives token accuracy to >= 0.99."""
+    """Sanity check of the whole training path: fit drives token accuracy to >= 0.99.
+
+    The accuracy that stops training and that is asserted is measured
+    independently of the metric (argmax of the teacher-forced logits of the
+    weights as they are after the epoch, not the running mean over an epoch
+    whose weights kept changing); the metric is then checked against it.
+    """
+    keras.utils.set_random_seed(0)
     config = tiny_config.replace(d_model=64, num_heads=4, d_ff=128, vocab_size=40,
                                  dropout=0.0, label_smoothing=0.0)
     model = kt.compile_model(kt.build_model(config), learning_rate=3e-3)
     inputs, labels = random_pairs(config)
-    stop = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(
-        model, "stop_training", logs["accuracy"] >= 0.999))
-    history = model.fit(inputs, labels, batch_size=16, epochs=200, shuffle=True, verbose=0,
-                        callbacks=[stop])
-    accuracy = history.history["accuracy"][-1]
-    # Independent check of the metric: greedy argmax of teacher-forced logits.
-    predictions = np.argmax(keras.ops.convert_to_numpy(model(inputs)), axis=-1)
     mask = labels != 0
-    assert (predictions[mask] == labels[mask]).mean() >= 0.99, accuracy
+
+    def token_accuracy():
+        predictions = np.argmax(keras.ops.convert_to_numpy(model(inputs)), axis=-1)
+        return (predictions[mask] == labels[mask]).mean()
+
+    stop = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(
+        model, "stop_training", token_accuracy() >= 0.995))
+    model.fit(inputs, labels, batch_size=16, epochs=300, shuffle=True, verbose=0,
+              callbacks=[stop])
+    accuracy = token_accuracy()
     assert accuracy >= 0.99
+    # MaskedAccuracy on the frozen weights is the same share of non-pad tokens.
+    evaluated = model.evaluate(inputs, labels, batch_size=64, verbose=0, return_dict=True)
+    assert evaluated["accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
 
 def test_average_checkpoints_of_two_known_weight_sets_is_their_mean(tiny_config, tmp_path):
