@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_transformer.config import DecodingOptions
 from keras_transformer.layers import SharedEmbedding
 from keras_transformer.model import build_model, quantized
 from keras_transformer.translate import Translator
@@ -104,11 +105,35 @@ class _IdTokenizer:
         return [" ".join(str(i) for i in row) for row in ids]
 
 
-def test_translator_decodes_with_a_quantized_model():
-    model8 = quantized(_model(), "int8")
-    translator = Translator(model8, _IdTokenizer(), batch_size=2, max_extra_length=5)
-    texts, scores = translator.translate_with_scores(["5 6 7", "8 9", ""], beam_size=2)
+def test_translator_scores_with_a_quantized_model_are_its_teacher_forced_scores():
+    """The cached int8 search against the int8 model's own full (uncached) pass."""
+    model = _model()
+    # Zero rows (logit 0) for pad and BOS: a random model then never emits
+    # them, so every output id shows in the text (the Translator drops both).
+    matrix = keras.ops.convert_to_numpy(model.target_embedding.embeddings).copy()
+    matrix[:2] = 0.0
+    model.target_embedding.embeddings.assign(matrix)
+    model8 = quantized(model, "int8")
+    alpha, extra = 0.6, 5
+    # min_length 1: a random model may pick EOS first; the outputs are then non-empty.
+    options = DecodingOptions(beam_size=2, alpha=alpha, max_extra_length=extra, min_length=1)
+    translator = Translator(model8, _IdTokenizer(), options, batch_size=2)
+    sources = ["5 6 7", "8 9", ""]
+    texts, scores = translator.translate_with_scores(sources)
     assert texts[2] == "" and scores[2] == 0.0
-    # At most source length (ids + EOS) + max_extra_length tokens, EOS included.
-    for text, limit, score in zip(texts[:2], (4 + 5, 3 + 5), scores[:2]):
-        assert 1 <= len(text.split()) <= limit and np.isfinite(score) and score < 0
+    for source, text, score in zip(sources[:2], texts[:2], scores[:2]):
+        source_ids = [int(t) for t in source.split()] + [2]
+        output = [int(t) for t in text.split()]
+        limit = len(source_ids) + extra  # EOS included
+        assert 1 <= len(output) <= limit
+        # Shorter than the limit: the search ended with EOS, which the score counts.
+        target = output + [2] if len(output) < limit else output
+        logits = keras.ops.convert_to_numpy(model8(
+            {"source_ids": np.array([source_ids], "int32"),
+             "target_ids": np.array([[1] + target[:-1]], "int32")}, training=False))[0]
+        logits = logits.astype("float64")
+        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
+            -1, keepdims=True)) - logits.max(-1, keepdims=True)
+        expected = sum(log_probs[t, y] for t, y in enumerate(target))
+        expected /= ((5 + len(target)) / 6) ** alpha
+        assert score == pytest.approx(expected, abs=2e-3)
