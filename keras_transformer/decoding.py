@@ -99,7 +99,7 @@ def output_length_limits(source_ids, config, max_extra_length=DecodingOptions.ma
 
 
 def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=True,
-                 dynamic_prefix=False, cache_length=None):
+                 dynamic_prefix=False, cache_length=None, plain_torch=True):
     """Runs the encoder once and returns the decoder's step function.
 
     Args:
@@ -119,6 +119,10 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
         cache_length: steps of the initial self-attention cache (default L);
             a search that starts shorter grows it with
             `model.decoder.grow_self_attention_cache` (see `cache_lengths`).
+        plain_torch: under the torch backend, run the cached step in plain
+            PyTorch (`keras_transformer.torch_step`, the same numbers without
+            the per-layer overhead of eager Keras) when the model allows it;
+            `False` keeps the Keras layers (the reference).
 
     Returns:
         `(next_fn, initial_cache)`, see the module docstring. The cache is a
@@ -131,6 +135,12 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
     >>> tokens = np.ones((2, 21), "int32")  # BOS
     >>> log_probs, cache = next_fn(tokens, cache, 0)  # (2, vocab_size)
     """
+    if use_cache and plain_torch and keras.backend.backend() == "torch":
+        from keras_transformer import torch_step
+
+        if torch_step.supports(model)[0]:
+            return torch_step.make_step_fn(model, source_ids, buffer_length=buffer_length,
+                                           beam_size=beam_size, cache_length=cache_length)
     config = model.config
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     batch_size = source_ids.shape[0]
