@@ -72,24 +72,24 @@ def _quantize_rows(x):
     import keras
     import torch
 
-    scale = 127.0 / (torch.amax(torch.abs(x), dim=-1, keepdim=True)
-                     + keras.backend.epsilon())
-    return torch.clamp(torch.round(x * scale), -127, 127).to(torch.int8), scale
+    absmax = torch.linalg.vector_norm(x, ord=math.inf, dim=-1, keepdim=True)
+    scale = 127.0 / (absmax + keras.backend.epsilon())
+    return torch.round(x * scale).clamp_(-127, 127).to(torch.int8), scale
 
 
-def _int8_matmul(x, kernel, kernel_scale):
-    """`x @ kernel` as Keras' int8 `Dense` computes it: `(xq @ kq) / (x_scale * k_scale)`.
+def _int8_matmul(x, kernel, kernel_scale, bias=None):
+    """`x @ kernel (+ bias)` as Keras' int8 `Dense` computes it: `(xq @ kq) / (x_scale * k_scale)`.
 
     `x` float32 `(M, K)`, `kernel` int8 `(K, N)`, `kernel_scale` `(N,)`.
     """
     import torch
 
     xq, x_scale = _quantize_rows(x)
-    rows = xq.shape[0]
-    if rows <= 16:  # torch._int_mm wants more than 16 rows
-        xq = torch.nn.functional.pad(xq, (0, 0, 0, 17 - rows))
-    y = torch._int_mm(xq, kernel)[:rows].to(torch.float32)
-    return y / (x_scale * kernel_scale)
+    y = torch._int_mm(xq, kernel).to(torch.float32)
+    output_scale = x_scale * kernel_scale
+    if bias is None:
+        return y.div_(output_scale)
+    return torch.addcdiv(bias, y, output_scale)
 
 
 class _Linear:
@@ -122,9 +122,7 @@ class _Linear:
         import torch
 
         if self.int8:
-            y = _int8_matmul(x, self.kernel, self.scale)
-            if self.bias is not None:
-                y = y + self.bias
+            y = _int8_matmul(x, self.kernel, self.scale, self.bias)
         elif self.bias is not None:
             y = torch.addmm(self.bias, x, self.kernel)
         else:

@@ -1,7 +1,6 @@
 """Greedy and beam search: cached == uncached == the teacher-forced model, scripted
 distributions against an exhaustive search, length limits, batch independence."""
 
-import importlib.util
 import math
 
 import keras
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from conftest import REPO_ROOT, backend
+from conftest import backend
 from keras_transformer.config import TransformerConfig
 from keras_transformer.decoding import (
     beam_search,
@@ -398,19 +397,3 @@ def test_search_arguments_are_checked(model):
                           buffer_length=2, min_length=-2)
     with pytest.raises(TypeError, match="Transformer"):
         greedy_decode(keras.Sequential(), np.ones((1, 3), "int32"))
-
-
-# --- the benchmark script runs ----------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_benchmark_script_smoke(capsys):
-    path = REPO_ROOT / "examples" / "benchmark_decoding.py"
-    spec = importlib.util.spec_from_file_location("benchmark_decoding", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(["--preset", "tiny", "--vocab-size", "64", "--num-layers", "1",
-                 "--batch-size", "2", "--source-length", "4", "--lengths", "4",
-                 "--repeats", "1", "--skip-hf", "--skip-uncached"])
-    out = capsys.readouterr().out
-    assert "greedy" in out and "beam-4" in out and "tokens/s" in out
