@@ -176,7 +176,7 @@ def test_greedy_tokens_and_translations_equal_ours(corpus, tmp_path):
     assert ct2.translate(sources + ["  "], beam_size=1) == translator.translate(
         sources, beam_size=1) + [""]
     # Beam search runs (its agreement with ours is measured by
-    # examples/compare_ctranslate2.py on a trained model, not asserted here).
+    # examples/compare_inference.py on a trained model, not asserted here).
     beams = ct2.translate_ids(source_ids[:4], beam_size=4, length_penalty=0.6)
     assert all(len(ids) <= len(s) + MAX_EXTRA_LENGTH for ids, s in zip(beams, source_ids))
 
@@ -317,21 +317,30 @@ def test_other_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, monkeypa
 
 
 @pytest.mark.slow
-@pytest.mark.backend_independent
-def test_compare_script_prints_bleu_and_agreement(run_dir, corpus, tmp_path):
+@pytest.mark.backend_independent  # every worker sets its own KERAS_BACKEND
+def test_compare_script_prints_bleu_agreement_and_speed(run_dir, corpus, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     for i, lang in enumerate(("en", "de")):
         (data / f"test.{lang}").write_text(
             "\n".join(pair[i] for pair in corpus["pairs"][:6]) + "\n", encoding="utf-8")
+    systems = ["translator", "saved-model", "ct2", "ct2-int8"]
     result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "compare_ctranslate2.py"), "--run",
+        [sys.executable, str(REPO / "examples" / "compare_inference.py"), "--run",
          str(run_dir), "--data", str(data), "--split", "test", "--beam-size", "1",
-         "--threads", "1", "--json", str(tmp_path / "out.json")],
-        capture_output=True, text=True, timeout=600, cwd=REPO)
+         "--batch-size", "4", "--rounds", "1", "--threads", "1", "--systems", *systems,
+         "--json", str(tmp_path / "out.json")],
+        capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = {row["system"]: row for row in json.loads((tmp_path / "out.json").read_text())}
-    assert set(rows) == {"Translator", "CTranslate2 float32", "CTranslate2 int8"}
-    assert rows["CTranslate2 float32"]["identical"] == 1.0  # greedy: the same outputs
-    for name in rows:
-        assert name in result.stdout
+    figures = json.loads((tmp_path / "out.json").read_text())
+    rows = figures["systems"]
+    assert list(rows) == systems
+    for name, row in rows.items():
+        assert "error" not in row, (name, row)
+        assert row["sentences"] == 6 and row["sentences_per_second"] > 0
+        assert 0 <= row["bleu"] <= 100 and f"| {name} |" in result.stdout
+    # Greedy: the served graph and the CTranslate2 export give Translator's outputs.
+    assert rows["saved-model"]["identical"] == 1.0 and rows["ct2"]["identical"] == 1.0
+    assert rows["saved-model"]["info"]["foreign_modules"] == []  # only tf and tf_text
+    assert "ct2-int8 vs ct2: BLEU" in result.stdout
+    assert "saved-model vs translator: speed" in result.stdout

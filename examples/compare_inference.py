@@ -1,0 +1,428 @@
+"""A trained run's test set through every inference path: BLEU, agreement and speed, fairly.
+
+    python examples/compare_inference.py --run runs/multi30k_small \
+        --data ../shared/data/multi30k --split test
+
+Exports the run once (`--weights`, default model.keras), in a preparing
+process: a SavedModel in float32 and one in int8 (`export --quantize int8`),
+and CTranslate2 folders in float32 and int8. Then, in `--rounds` rounds,
+each system translates `<data>/<split>.en` in a fresh process of its own
+(one at a time, the order rotated each round, as `benchmark_decoding.py`
+does), so that no two runtimes share the cores:
+
+- `translator`, `translator-int8`: `Translator` in a process with
+  `KERAS_BACKEND=--backend` (default tensorflow: the search XLA-compiled),
+  on the float32 model or its `keras_transformer.model.quantized` copy;
+- `saved-model`, `saved-model-int8`: a process that imports only TensorFlow
+  and TensorFlow Text loads the export (as a model server does) and calls
+  `serving_default` with batches of `--batch-size` sentences;
+- `ct2`, `ct2-int8`: `CTranslate2Translator` on the CTranslate2 exports
+  (`length_penalty` = `--length-penalty`, default `--alpha`).
+
+Every worker translates the split once untimed (tracing, XLA compilation,
+the SavedModel's first run of each shape; reported as "warm-up s") and then
+once timed. The table gives per system sacreBLEU BLEU and chrF against
+`<split>.de`, the share of outputs identical to `translator`'s, and the
+median sentences/s over rounds with the spread; below it, what int8 costs
+and gains on each path and how the served graph compares with the
+in-process search.
+
+All systems decode with the same beam size and length limit. The SavedModel
+and `Translator` run the same search (their outputs are the same in float32,
+and in int8 up to the rounding of the int8 activations); CTranslate2's beam
+search normalises by `|Y| ** length_penalty` where ours divides by
+`((5 + |Y|) / 6) ** alpha` and stops differently (see
+`keras_transformer.export_ctranslate2`), so its beam outputs may differ a
+little; with `--beam-size 1` they are the same.
+
+Threads: TensorFlow and XLA keep their defaults (one thread per core);
+`--threads` (default: the usable cores) goes to `torch.set_num_threads` for a
+PyTorch `Translator` and to CTranslate2's `intra_threads`.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+EXAMPLES = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(EXAMPLES)
+for _path in (REPO_ROOT, EXAMPLES):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from benchmark_decoding import (  # noqa: E402
+    child_environment,
+    child_main,
+    rotated,
+    run_child,
+    usable_cores,
+    wait_for_quiet,
+)
+
+SCRIPT = os.path.abspath(__file__)
+# name: (kind, quantized). The first is the reference of "identical".
+SYSTEMS = {
+    "translator": ("translator", False),
+    "translator-int8": ("translator", True),
+    "saved-model": ("saved_model", False),
+    "saved-model-int8": ("saved_model", True),
+    "ct2": ("ct2", False),
+    "ct2-int8": ("ct2", True),
+}
+REFERENCE = "translator"
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", required=True, help="training run folder")
+    parser.add_argument("--data", required=True,
+                        help="folder with <split>.en and <split>.de")
+    parser.add_argument("--split", default="test", help="default test")
+    parser.add_argument("--weights", help="final (default), averaged, best, last, "
+                                          "ckpt-<update> or a .weights.h5 path")
+    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS),
+                        metavar="SYSTEM", help=f"default all: {' '.join(SYSTEMS)}")
+    parser.add_argument("--backend", choices=BACKENDS, default="tensorflow",
+                        help="KERAS_BACKEND of the translator workers (default tensorflow)")
+    parser.add_argument("--beam-size", type=int, help="default 4 (DecodingOptions)")
+    parser.add_argument("--alpha", type=float, help="our GNMT length penalty (default 0.6)")
+    parser.add_argument("--length-penalty", type=float,
+                        help="CTranslate2's length_penalty (default: --alpha)")
+    parser.add_argument("--max-extra-length", type=int, help="default 50")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="sentences per batch or request (default 32)")
+    parser.add_argument("--max-sentences", type=int, help="only the first N sentences")
+    parser.add_argument("--rounds", type=int, default=3, help="default 3")
+    parser.add_argument("--threads", type=int,
+                        help="threads of PyTorch and CTranslate2 (default: the usable cores)")
+    parser.add_argument("--export-dir", help="keep the exports there (default: a temporary "
+                                             "folder, removed afterwards)")
+    parser.add_argument("--wait-for-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="before each worker, wait up to this long for other processes "
+                             "to use under a quarter of a core")
+    parser.add_argument("--timeout", type=float, default=3600,
+                        help="seconds a worker may run (default 3600)")
+    parser.add_argument("--json", help="also write every figure to this JSON file")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: SYSTEM or "prepare"
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("beam_size", "max_extra_length", "max_sentences", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < (1 if name in ("beam_size", "max_sentences") else 0):
+            parser.error(f"--{name.replace('_', '-')} must be at least "
+                         f"{1 if name in ('beam_size', 'max_sentences') else 0}, "
+                         f"received {value}")
+    if args.rounds < 1 or args.batch_size < 1:
+        parser.error("--rounds and --batch-size must be positive")
+    return args
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8", newline="") as f:
+        return [line.rstrip("\r\n") for line in f]
+
+
+def decoding_options(args):
+    """The run's decoding: `DecodingOptions` defaults, changed by the flags given."""
+    from keras_transformer.config import DecodingOptions
+
+    return DecodingOptions().replace(beam_size=args.beam_size, alpha=args.alpha,
+                                     max_extra_length=args.max_extra_length)
+
+
+# --- preparing: the exports, once -----------------------------------------------------------
+
+
+def prepare(spec):
+    """Exports the run as SavedModels and CTranslate2 folders; their paths."""
+    from keras_transformer.export import export_from_run
+    from keras_transformer.export_ctranslate2 import export_ctranslate2_from_run
+
+    options = spec["options"]
+    base = pathlib.Path(spec["export_dir"])
+    paths = {}
+    for name in spec["systems"]:
+        kind, int8 = SYSTEMS[name]
+        quantize = "int8" if int8 else None
+        if kind == "saved_model":
+            # Traced batch sizes: the export's default (1, 8, 32) up to the requests'.
+            batch = spec["batch_size"]
+            buckets = tuple(sorted({b for b in (1, 8, 32) if b < batch} | {batch}))
+            paths[name] = str(export_from_run(
+                spec["run"], base, model_name=name, version=1, weights=spec["weights"],
+                beam_size=max(options["beam_size"], 2), alpha=options["alpha"],
+                max_extra_length=options["max_extra_length"], batch_buckets=buckets,
+                quantize=quantize, overwrite=True))
+        elif kind == "ct2":
+            paths[name] = str(export_ctranslate2_from_run(
+                spec["run"], base, model_name="ours", weights=spec["weights"],
+                quantization=quantize, overwrite=True))
+    return {"paths": paths}
+
+
+# --- one system's pass over the split, in its own process ------------------------------------
+
+
+def _translator(spec, int8):
+    from keras_transformer.config import DecodingOptions
+    from keras_transformer.model import quantized
+    from keras_transformer.runs import load_run
+    from keras_transformer.translate import Translator
+
+    import keras
+
+    if keras.backend.backend() == "torch":
+        import torch
+
+        torch.set_num_threads(spec["threads"])
+    model, tokenizer = load_run(spec["run"], spec["weights"])
+    if int8:
+        model = quantized(model, "int8")
+    translator = Translator(model, tokenizer, DecodingOptions(**spec["options"]),
+                            batch_size=spec["batch_size"])
+    info = {"backend": keras.backend.backend(), "keras": keras.__version__}
+    return translator.translate, info
+
+
+def _saved_model(spec, path):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401 - registers the SentencePiece ops
+
+    loaded = tf.saved_model.load(path)
+    signature = loaded.signatures["serving_default"] if spec["options"]["beam_size"] > 1 \
+        else loaded.signatures["translate_greedy"]
+    batch_size = spec["batch_size"]
+
+    def translate(sentences):
+        outputs = []
+        for start in range(0, len(sentences), batch_size):
+            result = signature(text=tf.constant(sentences[start:start + batch_size]))
+            outputs += [t.decode("utf-8") for t in result["translation"].numpy()]
+        return outputs
+
+    foreign = sorted(m for m in ("keras_transformer", "torch") if m in sys.modules)
+    info = {"tensorflow": tf.__version__, "tensorflow_text": tensorflow_text.__version__,
+            "foreign_modules": foreign}
+    return translate, info
+
+
+def _ct2(spec, path):
+    import ctranslate2
+
+    from keras_transformer.export_ctranslate2 import CTranslate2Translator
+
+    translator = CTranslate2Translator(
+        path, intra_threads=spec["threads"], batch_size=spec["batch_size"],
+        max_extra_length=spec["options"]["max_extra_length"])
+    options = dict(beam_size=spec["options"]["beam_size"],
+                   length_penalty=spec["length_penalty"])
+    info = {"ctranslate2": ctranslate2.__version__,
+            "threads": f"intra_threads={spec['threads']}"}
+    return (lambda sentences: translator.translate(sentences, **options)), info
+
+
+def run_system(name, spec):
+    """Translates the split twice (warm-up, timed); writes the outputs, returns the figures."""
+    kind, int8 = SYSTEMS[name]
+    sources = read_lines(spec["source"])[: spec["max_sentences"]]
+    start = time.perf_counter()
+    if kind == "translator":
+        translate, info = _translator(spec, int8)
+    elif kind == "saved_model":
+        translate, info = _saved_model(spec, spec["paths"][name])
+    else:
+        translate, info = _ct2(spec, spec["paths"][name])
+    load_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    translate(sources)
+    warmup_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    outputs = translate(sources)
+    seconds = time.perf_counter() - start
+    pathlib.Path(spec["outputs"]).write_text(json.dumps(outputs), encoding="utf-8")
+    return dict(info=info, sentences=len(sources), load_seconds=load_seconds,
+                warmup_seconds=warmup_seconds, seconds=seconds)
+
+
+# --- the parent --------------------------------------------------------------------------------
+
+
+def summarize(systems, rounds, outputs, references):
+    """Per system: BLEU, chrF, agreement with the reference, speed median and spread."""
+    from keras_transformer.translate import score_translations
+
+    reference = outputs.get(REFERENCE)
+    summary, signature = {}, None
+    for name in systems:
+        results = [r[name] for r in rounds if "error" not in r[name]]
+        if not results or name not in outputs:
+            errors = [r[name]["error"] for r in rounds if "error" in r[name]]
+            summary[name] = {"error": errors[0] if errors else "no result"}
+            continue
+        score = score_translations(outputs[name], references)
+        signature = score.bleu_signature
+        speeds = [r["sentences"] / max(r["seconds"], 1e-9) for r in results]
+        row = dict(bleu=score.bleu, chrf=score.chrf, sentences=results[0]["sentences"],
+                   sentences_per_second=statistics.median(speeds),
+                   min_sentences_per_second=min(speeds),
+                   max_sentences_per_second=max(speeds),
+                   warmup_seconds=statistics.median(r["warmup_seconds"] for r in results),
+                   info=results[0]["info"], rounds=len(results),
+                   same_outputs_every_round=all(o == outputs[name]
+                                                for o in outputs.get(name + "@rounds", [])))
+        if reference is not None:
+            same = sum(a == b for a, b in zip(outputs[name], reference))
+            row.update(identical=same / max(len(reference), 1), identical_count=same)
+        summary[name] = row
+    return summary, signature
+
+
+def comparisons(summary):
+    """Lines: int8 against float32 on each path, the served graph against the search."""
+    def ok(name):
+        return name in summary and "error" not in summary[name]
+
+    lines = []
+    for float_name in ("translator", "saved-model", "ct2"):
+        int8_name = float_name + "-int8"
+        if ok(float_name) and ok(int8_name):
+            a, b = summary[float_name], summary[int8_name]
+            lines.append(
+                f"{int8_name} vs {float_name}: BLEU {b['bleu'] - a['bleu']:+.2f}, "
+                f"speed {b['sentences_per_second'] / a['sentences_per_second']:.2f}x")
+    for served, search in (("saved-model", "translator"),
+                           ("saved-model-int8", "translator-int8")):
+        if ok(served) and ok(search):
+            ratio = summary[served]["sentences_per_second"] / \
+                summary[search]["sentences_per_second"]
+            lines.append(f"{served} vs {search}: speed {ratio:.2f}x")
+    for name in ("ct2", "ct2-int8"):
+        if ok(name) and ok(REFERENCE):
+            a, b = summary[REFERENCE], summary[name]
+            lines.append(
+                f"{name} vs {REFERENCE}: BLEU {b['bleu'] - a['bleu']:+.2f}, speed "
+                f"{b['sentences_per_second'] / a['sentences_per_second']:.2f}x")
+    return lines
+
+
+def format_table(summary, settings, signature):
+    options = settings["options"]
+    lines = [f"{settings['split']}: {settings['sentences']} sentences, beam "
+             f"{options['beam_size']}, alpha {options['alpha']} (ours; CTranslate2 "
+             f"length_penalty {settings['length_penalty']}), at most source + "
+             f"{options['max_extra_length']} tokens, batches of {settings['batch_size']}; "
+             f"translator on {settings['backend']}; {settings['rounds']} round(s), each "
+             f"system in its own process; threads {settings['threads']} (torch, "
+             "CTranslate2)",
+             "| system | BLEU | chrF | identical to translator | sentences/s (median) | "
+             "min-max | warm-up s |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in summary.items():
+        if "error" in row:
+            lines.append(f"| {name} | failed: {row['error']} | | | | | |")
+            continue
+        identical = (f"{100 * row['identical']:.1f}% ({row['identical_count']})"
+                     if "identical" in row else "-")
+        lines.append(f"| {name} | {row['bleu']:.2f} | {row['chrf']:.2f} | {identical} | "
+                     f"{row['sentences_per_second']:.2f} | "
+                     f"{row['min_sentences_per_second']:.2f}-"
+                     f"{row['max_sentences_per_second']:.2f} | {row['warmup_seconds']:.1f} |")
+    lines += comparisons(summary)
+    if signature:
+        lines.append(f"BLEU signature: {signature}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        spec = json.loads(pathlib.Path(args.spec).read_text(encoding="utf-8"))
+        if args.worker == "prepare":
+            return child_main("preparing the exports", prepare, spec)
+        return child_main(args.worker, run_system, args.worker, spec)
+
+    data = pathlib.Path(args.data)
+    source, target = data / f"{args.split}.en", data / f"{args.split}.de"
+    for path in (source, target):
+        if not path.is_file():
+            raise SystemExit(f"compare_inference.py: error: {path} not found")
+    references = read_lines(target)
+    if len(read_lines(source)) != len(references):
+        raise SystemExit(f"compare_inference.py: error: {source} and {target} differ in "
+                         "length")
+    references = references[: args.max_sentences]
+    options = decoding_options(args)
+    threads = args.threads or usable_cores()
+    systems = list(dict.fromkeys(args.systems))
+    with tempfile.TemporaryDirectory(prefix="compare_inference_") as work:
+        work = pathlib.Path(work)
+        spec = dict(run=str(pathlib.Path(args.run).resolve()), weights=args.weights,
+                    source=str(source.resolve()), max_sentences=args.max_sentences,
+                    options=dict(beam_size=options.beam_size, alpha=options.alpha,
+                                 max_extra_length=options.max_extra_length),
+                    length_penalty=(options.alpha if args.length_penalty is None
+                                    else args.length_penalty),
+                    batch_size=args.batch_size, threads=threads, systems=systems,
+                    export_dir=str(pathlib.Path(args.export_dir or work / "exports")
+                                   .resolve()))
+        spec_file = work / "spec.json"
+        spec_file.write_text(json.dumps(spec), encoding="utf-8")
+        if any(SYSTEMS[name][0] != "translator" for name in systems):
+            print("preparing the exports ...", flush=True)
+            prepared = run_child(["--run", "-", "--data", "-", "--worker", "prepare",
+                                  "--spec", str(spec_file)],
+                                 child_environment("tensorflow"), args.timeout, script=SCRIPT)
+            if "error" in prepared:
+                raise SystemExit(f"compare_inference.py: error: {prepared['error']}")
+            spec["paths"] = prepared["paths"]
+        rounds, outputs = [], {}
+        for index in range(args.rounds):
+            results = {}
+            for name in rotated(systems, index):
+                if args.wait_for_quiet > 0:
+                    wait_for_quiet(args.wait_for_quiet)
+                worker_spec = dict(spec, outputs=str(work / f"{name}-{index}.json"))
+                (work / f"{name}-spec.json").write_text(json.dumps(worker_spec),
+                                                        encoding="utf-8")
+                backend = args.backend if SYSTEMS[name][0] == "translator" else None
+                result = run_child(["--run", "-", "--data", "-", "--worker", name, "--spec",
+                                    str(work / f"{name}-spec.json")],
+                                   child_environment(backend), args.timeout, script=SCRIPT)
+                results[name] = result
+                if "error" in result:
+                    print(f"round {index + 1}/{args.rounds} {name}: failed: {result['error']}",
+                          flush=True)
+                    continue
+                texts = json.loads(pathlib.Path(worker_spec["outputs"]).read_text(
+                    encoding="utf-8"))
+                if name in outputs:
+                    outputs.setdefault(name + "@rounds", []).append(texts)
+                else:
+                    outputs[name] = texts
+                print(f"round {index + 1}/{args.rounds} {name}: "
+                      f"{result['sentences'] / result['seconds']:.2f} sentences/s "
+                      f"(warm-up {result['warmup_seconds']:.1f} s, load "
+                      f"{result['load_seconds']:.1f} s)", flush=True)
+            rounds.append(results)
+    summary, signature = summarize(systems, rounds, outputs, references)
+    settings = dict(split=args.split, sentences=len(references), options=spec["options"],
+                    length_penalty=spec["length_penalty"], batch_size=args.batch_size,
+                    backend=args.backend, rounds=args.rounds, threads=threads)
+    print()
+    print(format_table(summary, settings, signature))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            dict(settings=settings, systems=summary, comparisons=comparisons(summary),
+                 bleu_signature=signature, rounds=rounds), indent=2) + "\n",
+            encoding="utf-8")
+    return 0 if all("error" not in row for row in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
