@@ -258,53 +258,43 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, cache_length=
         else:
             position_table = sinusoid(torch.arange(buffer_length), decoder.d_model)
 
-    def attention(q, keys, values, mask, heads, key_dim, value_dim):
-        # q (N, h * dk) -> (N, h, 1, dk); keys (N, h, T, dk); context (N, h * dv)
-        q = q.view(rows, heads, 1, key_dim)
-        context = torch.nn.functional.scaled_dot_product_attention(q, keys, values,
-                                                                   attn_mask=mask)
-        return context.reshape(rows, heads * value_dim)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def sublayer(x, norm, fn, norm_first):
-        if norm_first:
-            return x + fn(norm(x))
-        return norm(x + fn(x))
+    def attend(block, query, keys, values, mask):
+        # query (N, h * dk) -> (N, h, 1, dk); keys (N, h, T, dk) -> context (N, h * dv)
+        query = query.view(rows, block.heads, 1, block.key_dim)
+        context = sdpa(query, keys, values, attn_mask=mask)
+        return context.reshape(rows, block.heads * block.value_dim)
+
+    def residual(x, y, norm, norm_first):
+        # Post-norm (the paper): LayerNorm(x + y); pre-norm: x + y, y from LayerNorm(x).
+        return x + y if norm_first else norm(x + y)
 
     def next_fn(tokens, cache, index):
         with torch.no_grad():
             step = int(index)
-            ids = tokens[:, step]  # (N,)
-            x = embedding.lookup(ids) + position_table[step]  # (N, d_model)
-            new_cache = []
+            x = embedding.lookup(tokens[:, step]) + position_table[step]  # (N, d_model)
             for block, (keys, values), (cross_keys, cross_values) in zip(
                     blocks, cache, cross_cache):
                 h, dk, dv = block.heads, block.key_dim, block.value_dim
-
-                def self_attention(y, block=block, keys=keys, values=values):
-                    qkv = block.qkv(y)
-                    q, k, v = torch.split(qkv, [h * dk, h * dk, h * dv], dim=-1)
-                    keys[:, :, step] = k.view(rows, h, dk)
-                    values[:, :, step] = v.view(rows, h, dv)
-                    # Positions 0..step: the causal mask of one query.
-                    context = attention(q, keys[:, :, : step + 1], values[:, :, : step + 1],
-                                        None, h, dk, dv)
-                    return block.self_output(context)
-
-                def cross_attention(y, block=block, keys=cross_keys, values=cross_values):
-                    context = attention(block.cross_query(y), keys, values, cross_mask,
-                                        h, dk, dv)
-                    return block.cross_output(context)
-
-                def feed_forward(y, block=block):
-                    return block.ffn_output(block.ffn_inner(y))
-
-                x = sublayer(x, block.self_norm, self_attention, block.norm_first)
-                x = sublayer(x, block.cross_norm, cross_attention, block.norm_first)
-                x = sublayer(x, block.ffn_norm, feed_forward, block.norm_first)
-                new_cache.append((keys, values))
+                pre = block.norm_first
+                # Masked self-attention over positions 0..step (the causal mask of one query).
+                y = block.self_norm(x) if pre else x
+                q, k, v = torch.split(block.qkv(y), [h * dk, h * dk, h * dv], dim=-1)
+                keys[:, :, step] = k.view(rows, h, dk)
+                values[:, :, step] = v.view(rows, h, dv)
+                y = attend(block, q, keys[:, :, : step + 1], values[:, :, : step + 1], None)
+                x = residual(x, block.self_output(y), block.self_norm, pre)
+                # Encoder-decoder attention.
+                y = block.cross_norm(x) if pre else x
+                y = attend(block, block.cross_query(y), cross_keys, cross_values, cross_mask)
+                x = residual(x, block.cross_output(y), block.cross_norm, pre)
+                # Feed-forward network.
+                y = block.ffn_norm(x) if pre else x
+                x = residual(x, block.ffn_output(block.ffn_inner(y)), block.ffn_norm, pre)
             if final_norm is not None:
                 x = final_norm(x)
             logits = output(x) if output is not None else embedding.reverse(x)
-            return torch.log_softmax(logits.to(torch.float32), dim=-1), new_cache
+            return torch.log_softmax(logits.to(torch.float32), dim=-1), cache
 
     return next_fn, cache
