@@ -196,18 +196,34 @@ class MultiHeadAttention(layers.Layer):
             causal = causal_mask(query_length, key_length, start_index)
             mask = merge_masks(mask, causal[None, None, :, :])
 
+        # One query per row (a step of incremental decoding): products and sums
+        # instead of batched matrix products of one row, which in CPU graphs
+        # (the SavedModel) cost oneDNN far more per call than their few FLOPs.
+        one_query = q.shape[2] == 1
+
         # (B, h, Tq, dk) x (B, h, dk, Tk) -> (B, h, Tq, Tk), in float32.
         q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.key_dim), q.dtype))
-        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        if one_query:  # (B, h, 1, dk) * (B, h, Tk, dk) summed over dk
+            logits = ops.expand_dims(ops.sum(ops.multiply(q, k), axis=-1), 2)
+        else:
+            logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
         logits = ops.cast(logits, "float32")
         if mask is not None:
             logits = ops.where(mask, logits, _MASK_LOGIT)
-        weights = ops.softmax(logits, axis=-1)
+        if one_query:  # written out: oneDNN's softmax op costs more than this
+            logits = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
+            weights = logits / ops.sum(logits, axis=-1, keepdims=True)
+        else:
+            weights = ops.softmax(logits, axis=-1)
         weights = ops.cast(weights, self.compute_dtype)
         dropped = self.dropout_layer(weights, training=training)
 
         # (B, h, Tq, Tk) x (B, h, Tk, dv) -> (B, h, Tq, dv) -> (B, Tq, h * dv)
-        context = ops.matmul(dropped, ops.cast(v, dropped.dtype))
+        if one_query:  # (B, h, Tk, 1) * (B, h, Tk, dv) summed over Tk
+            context = ops.sum(ops.multiply(ops.swapaxes(dropped, 2, 3),
+                                           ops.cast(v, dropped.dtype)), axis=2, keepdims=True)
+        else:
+            context = ops.matmul(dropped, ops.cast(v, dropped.dtype))
         context = ops.transpose(context, (0, 2, 1, 3))
         shape = ops.shape(context)
         context = ops.reshape(context, (shape[0], shape[1], self.num_heads * self.value_dim))
