@@ -46,6 +46,20 @@ def test_equals_numpy_reference(inputs):
     np.testing.assert_allclose(to_np(weights), ref_weights, rtol=1e-4, atol=1e-6)
 
 
+def test_one_query_per_row_equals_numpy_reference(inputs):
+    """The decoding step's path (products and sums for a single query) against eq. 1."""
+    query, value = inputs
+    query = query[:, :1]
+    key_mask = np.array([[True] * 4 + [False] * 2, [True] * 6])
+    layer = MultiHeadAttention(num_heads=3, key_dim=4, value_dim=5)
+    out, weights = layer(query, value, attention_mask=key_mask, return_attention_scores=True)
+    ref_out, ref_weights = numpy_attention(layer, query.astype("float64"),
+                                           value.astype("float64"), mask=key_mask[:, None, :])
+    assert weights.shape == (2, 3, 1, 6) and np.all(to_np(weights)[0, :, :, 4:] == 0.0)
+    np.testing.assert_allclose(to_np(out), ref_out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(to_np(weights), ref_weights, rtol=1e-4, atol=1e-6)
+
+
 def test_padded_keys_get_exactly_zero_weight_and_rows_sum_to_one(inputs):
     query, value = inputs
     key_mask = np.array([[True] * 4 + [False] * 2, [True] * 6])
