@@ -101,6 +101,8 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="default 3")
     parser.add_argument("--threads", type=int,
                         help="threads of PyTorch and CTranslate2 (default: the usable cores)")
+    parser.add_argument("--ct2-threads", type=int,
+                        help="CTranslate2's intra_threads (default: --threads)")
     parser.add_argument("--export-dir", help="keep the exports there (default: a temporary "
                                              "folder, removed afterwards)")
     parser.add_argument("--wait-for-quiet", type=float, default=0.0, metavar="SECONDS",
@@ -112,7 +114,7 @@ def parse_args(argv=None):
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: SYSTEM or "prepare"
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("beam_size", "max_extra_length", "max_sentences", "threads"):
+    for name in ("beam_size", "max_extra_length", "max_sentences", "threads", "ct2_threads"):
         value = getattr(args, name)
         if value is not None and value < (1 if name in ("beam_size", "max_sentences") else 0):
             parser.error(f"--{name.replace('_', '-')} must be at least "
@@ -218,12 +220,12 @@ def _ct2(spec, path):
     from keras_transformer.export_ctranslate2 import CTranslate2Translator
 
     translator = CTranslate2Translator(
-        path, intra_threads=spec["threads"], batch_size=spec["batch_size"],
+        path, intra_threads=spec["ct2_threads"], batch_size=spec["batch_size"],
         max_extra_length=spec["options"]["max_extra_length"])
     options = dict(beam_size=spec["options"]["beam_size"],
                    length_penalty=spec["length_penalty"])
     info = {"ctranslate2": ctranslate2.__version__,
-            "threads": f"intra_threads={spec['threads']}"}
+            "threads": f"intra_threads={spec['ct2_threads']}"}
     return (lambda sentences: translator.translate(sentences, **options)), info
 
 
@@ -318,8 +320,8 @@ def format_table(summary, settings, signature):
              f"length_penalty {settings['length_penalty']}), at most source + "
              f"{options['max_extra_length']} tokens, batches of {settings['batch_size']}; "
              f"translator on {settings['backend']}; {settings['rounds']} round(s), each "
-             f"system in its own process; threads {settings['threads']} (torch, "
-             "CTranslate2)",
+             f"system in its own process; threads: torch {settings['threads']}, "
+             f"CTranslate2 {settings['ct2_threads']}",
              "| system | BLEU | chrF | identical to translator | sentences/s (median) | "
              "min-max | warm-up s |",
              "|---|---|---|---|---|---|---|"]
@@ -368,7 +370,8 @@ def main(argv=None):
                                  max_extra_length=options.max_extra_length),
                     length_penalty=(options.alpha if args.length_penalty is None
                                     else args.length_penalty),
-                    batch_size=args.batch_size, threads=threads, systems=systems,
+                    batch_size=args.batch_size, threads=threads,
+                    ct2_threads=args.ct2_threads or threads, systems=systems,
                     export_dir=str(pathlib.Path(args.export_dir or work / "exports")
                                    .resolve()))
         spec_file = work / "spec.json"
@@ -413,7 +416,8 @@ def main(argv=None):
     summary, signature = summarize(systems, rounds, outputs, references)
     settings = dict(split=args.split, sentences=len(references), options=spec["options"],
                     length_penalty=spec["length_penalty"], batch_size=args.batch_size,
-                    backend=args.backend, rounds=args.rounds, threads=threads)
+                    backend=args.backend, rounds=args.rounds, threads=threads,
+                    ct2_threads=spec["ct2_threads"])
     print()
     print(format_table(summary, settings, signature))
     if args.json:

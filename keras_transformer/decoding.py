@@ -350,21 +350,30 @@ def run_greedy_search(next_fn, cache, max_lengths, *, buffer_length, bos_id=1, e
     return tokens[:, 1:], step_log_probs
 
 
-def _gather_beams(x, indices):
-    """`x` `(B, M, ...)`, `indices` int `(B, N)` -> `(B, N, ...)`, per sentence."""
+def _row_offsets(batch_size, width):
+    """int32 `(B, 1)`: `b * width`, the first flat row of sentence `b`."""
+    return ops.arange(batch_size, dtype="int32")[:, None] * width
+
+
+def _gather_beams(x, indices, offsets=None):
+    """`x` `(B, M, ...)`, `indices` int `(B, N)` -> `(B, N, ...)`, per sentence.
+
+    `offsets`: `_row_offsets(B, M)`, computed once outside a search loop.
+    """
     shape = tuple(x.shape)
     batch_size, width = shape[0], shape[1]
     num = indices.shape[1]
-    offsets = ops.arange(batch_size, dtype="int32")[:, None] * width
+    if offsets is None:
+        offsets = _row_offsets(batch_size, width)
     flat_indices = ops.reshape(ops.cast(indices, "int32") + offsets, (-1,))
     flat = ops.reshape(x, (batch_size * width,) + shape[2:])
     return ops.reshape(ops.take(flat, flat_indices, axis=0), (batch_size, num) + shape[2:])
 
 
-def _reorder_cache(cache, beam_indices, beam_size):
+def _reorder_cache(cache, beam_indices, beam_size, offsets=None):
     """Cache rows `b * K + beam_indices[b, k]` moved to row `b * K + k`."""
-    batch_size = beam_indices.shape[0]
-    offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
+    if offsets is None:
+        offsets = _row_offsets(beam_indices.shape[0], beam_size)
     rows = ops.reshape(beam_indices + offsets, (-1,))
     return keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0), cache)
 
@@ -449,6 +458,10 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         state["alive_steps"] = ops.zeros((B, K, L), "float32")
         state["finished_steps"] = ops.zeros((B, K, L), "float32")
 
+    # Flat-row offsets of the K alive, 2K extended and 3K merged hypotheses:
+    # loop invariants, computed once rather than at every step.
+    offsets = {width: _row_offsets(B, width) for width in (K, 2 * K, 3 * K)}
+
     def cond(index, done, state, cache):
         return ops.logical_and(ops.less(index, L), ops.logical_not(ops.all(done)))
 
@@ -467,7 +480,7 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         top_index = ops.cast(top_index, "int32")
         top_beam = top_index // V
         top_token = top_index % V
-        top_seq = _gather_beams(state["alive_seq"], top_beam)  # (B, 2K, L + 1)
+        top_seq = _gather_beams(state["alive_seq"], top_beam, offsets[K])  # (B, 2K, L + 1)
         top_seq = slice_update(top_seq, [0, 0, index + 1], top_token[:, :, None])
         length = index + 1  # output length of every extension, EOS included
         ends = ops.logical_or(ops.equal(top_token, eos_id),
@@ -477,9 +490,10 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         alive_candidates = ops.where(ends, _NEG_INF, top_log_probs)
         alive_log_probs, alive_pick = ops.top_k(alive_candidates, K)  # (B, K)
         alive_pick = ops.cast(alive_pick, "int32")
-        new_state = dict(alive_seq=_gather_beams(top_seq, alive_pick),
+        new_state = dict(alive_seq=_gather_beams(top_seq, alive_pick, offsets[2 * K]),
                          alive_log_probs=alive_log_probs)
-        cache = _reorder_cache(cache, ops.take_along_axis(top_beam, alive_pick, axis=1), K)
+        cache = _reorder_cache(cache, ops.take_along_axis(top_beam, alive_pick, axis=1), K,
+                               offsets[K])
 
         # Finished: the K best of the old finished and the newly ended.
         new_scores = ops.where(ends, top_log_probs / length_penalty(length, alpha), _NEG_INF)
@@ -487,7 +501,7 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         finished_scores, finished_pick = ops.top_k(merged_scores, K)  # (B, K)
         finished_pick = ops.cast(finished_pick, "int32")
         merged_seq = ops.concatenate([state["finished_seq"], top_seq], axis=1)
-        finished_seq = _gather_beams(merged_seq, finished_pick)
+        finished_seq = _gather_beams(merged_seq, finished_pick, offsets[3 * K])
         # A done sentence keeps its finished set as it is.
         new_state["finished_scores"] = ops.where(done[:, None], state["finished_scores"],
                                                  finished_scores)
@@ -496,14 +510,14 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
 
         if return_step_log_probs:
             token_log_probs = ops.take_along_axis(log_probs, top_index, axis=1)  # (B, 2K)
-            top_steps = _gather_beams(state["alive_steps"], top_beam)
+            top_steps = _gather_beams(state["alive_steps"], top_beam, offsets[K])
             top_steps = slice_update(top_steps, [0, 0, index],
                                          token_log_probs[:, :, None])
-            new_state["alive_steps"] = _gather_beams(top_steps, alive_pick)
+            new_state["alive_steps"] = _gather_beams(top_steps, alive_pick, offsets[2 * K])
             merged_steps = ops.concatenate([state["finished_steps"], top_steps], axis=1)
             new_state["finished_steps"] = ops.where(
                 done[:, None, None], state["finished_steps"],
-                _gather_beams(merged_steps, finished_pick))
+                _gather_beams(merged_steps, finished_pick, offsets[3 * K]))
 
         # Done when the best alive score cannot improve on the finished one(s).
         best_possible = alive_log_probs[:, 0] / max_penalty

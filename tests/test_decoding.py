@@ -12,6 +12,7 @@ from conftest import backend
 from keras_transformer.config import TransformerConfig
 from keras_transformer.decoding import (
     beam_search,
+    cache_lengths,
     greedy_decode,
     length_penalty,
     output_length_limits,
@@ -194,6 +195,29 @@ def test_min_length_forces_the_output_length(model):
     lengths = output_lengths(tokens)
     assert lengths[0] == limit and lengths[1] == 3 + EXTRA
     assert EOS not in tokens[0, :limit - 1]
+
+
+def test_cache_lengths_double_up_to_the_buffer():
+    assert cache_lengths(84) == (16, 32, 64, 84)
+    assert cache_lengths(16) == (16,) and cache_lengths(5) == (5,)
+    assert cache_lengths(40, first=8) == (8, 16, 32, 40)
+
+
+def test_outputs_longer_than_the_first_cache_segments_equal_the_uncached_search(model):
+    """Outputs of 40 tokens cross the cache growths at 16 and 32 steps."""
+    source = make_sources([6, 4])
+    extra = 40 - 4  # the shorter row's limit is 40 tokens; the longer one's 42
+    cached = to_np(greedy_decode(model, source, max_extra_length=extra, min_length=40))
+    uncached = to_np(greedy_decode(model, source, max_extra_length=extra, min_length=40,
+                                   use_cache=False))
+    assert output_lengths(cached).min() >= 40
+    np.testing.assert_array_equal(cached, uncached)
+    (tokens, scores), (ref_tokens, ref_scores) = (
+        [to_np(t) for t in beam_search(model, source, beam_size=3, max_extra_length=extra,
+                                       min_length=40, use_cache=use_cache)]
+        for use_cache in (True, False))
+    np.testing.assert_array_equal(tokens, ref_tokens)
+    np.testing.assert_allclose(scores, ref_scores, atol=1e-4)
 
 
 def test_output_length_limits():
