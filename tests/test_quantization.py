@@ -136,4 +136,9 @@ def test_translator_scores_with_a_quantized_model_are_its_teacher_forced_scores(
             -1, keepdims=True)) - logits.max(-1, keepdims=True)
         expected = sum(log_probs[t, y] for t, y in enumerate(target))
         expected /= ((5 + len(target)) / 6) ** alpha
-        assert score == pytest.approx(expected, abs=2e-3)
+        # Not the float32 test's 1e-4: the cached and the full pass compute the
+        # activations in different orders, and a last-bit difference can move
+        # an activation across an int8 rounding boundary (one 1/127 step of its
+        # row's absmax). Measured up to 4e-3 on another CPU; a wrong cache or
+        # length penalty is off by far more than 1e-2.
+        assert score == pytest.approx(expected, abs=1e-2)

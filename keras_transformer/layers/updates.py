@@ -38,8 +38,11 @@ def slice_update(inputs, start_indices, updates):
         updates: the values, of the rank of `inputs`; cast to its dtype.
 
     Returns:
-        `inputs` with `updates` written from `start_indices` on; like
-        `XlaDynamicUpdateSlice`, a start is clamped so the update fits.
+        `inputs` with `updates` written from `start_indices` on. A start
+        that leaves no room for the update is clamped so that it fits under
+        TensorFlow and JAX (`XlaDynamicUpdateSlice`'s rule, kept by the
+        core-op path) and raises `IndexError` under PyTorch; decoding never
+        passes one (the caches grow before they would overflow).
 
     Example:
 
