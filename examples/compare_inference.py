@@ -17,7 +17,8 @@ does), so that no two runtimes share the cores:
   and TensorFlow Text loads the export (as a model server does) and calls
   `serving_default` with batches of `--batch-size` sentences;
 - `ct2`, `ct2-int8`: `CTranslate2Translator` on the CTranslate2 exports
-  (`length_penalty` = `--length-penalty`, default `--alpha`).
+  (finished hypotheses ranked by our GNMT penalty at `--alpha`, or by
+  CTranslate2's `|Y| ** length_penalty` with `--length-penalty`).
 
 Every worker translates the split once untimed (tracing, XLA compilation,
 the SavedModel's first run of each shape; reported as "warm-up s") and then
@@ -30,8 +31,8 @@ in-process search.
 All systems decode with the same beam size and length limit. The SavedModel
 and `Translator` run the same search (their outputs are the same in float32,
 and in int8 up to the rounding of the int8 activations); CTranslate2's beam
-search normalises by `|Y| ** length_penalty` where ours divides by
-`((5 + |Y|) / 6) ** alpha` and stops differently (see
+search ranks its finished hypotheses by the same GNMT penalty
+(`CTranslate2Translator` reranks them) but stops a sentence differently (see
 `keras_transformer.export_ctranslate2`), so its beam outputs may differ a
 little; with `--beam-size 1` they are the same.
 
@@ -93,7 +94,8 @@ def parse_args(argv=None):
     parser.add_argument("--beam-size", type=int, help="default 4 (DecodingOptions)")
     parser.add_argument("--alpha", type=float, help="our GNMT length penalty (default 0.6)")
     parser.add_argument("--length-penalty", type=float,
-                        help="CTranslate2's length_penalty (default: --alpha)")
+                        help="rank CTranslate2's finished hypotheses by its own "
+                             "|Y| ** length_penalty (default: our GNMT penalty at --alpha)")
     parser.add_argument("--max-extra-length", type=int, help="default 50")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="sentences per batch or request (default 32)")
@@ -222,7 +224,7 @@ def _ct2(spec, path):
     translator = CTranslate2Translator(
         path, intra_threads=spec["ct2_threads"], batch_size=spec["batch_size"],
         max_extra_length=spec["options"]["max_extra_length"])
-    options = dict(beam_size=spec["options"]["beam_size"],
+    options = dict(beam_size=spec["options"]["beam_size"], alpha=spec["options"]["alpha"],
                    length_penalty=spec["length_penalty"])
     info = {"ctranslate2": ctranslate2.__version__,
             "threads": f"intra_threads={spec['ct2_threads']}"}
@@ -316,8 +318,10 @@ def comparisons(summary):
 def format_table(summary, settings, signature):
     options = settings["options"]
     lines = [f"{settings['split']}: {settings['sentences']} sentences, beam "
-             f"{options['beam_size']}, alpha {options['alpha']} (ours; CTranslate2 "
-             f"length_penalty {settings['length_penalty']}), at most source + "
+             f"{options['beam_size']}, alpha {options['alpha']} (CTranslate2: "
+             + ("its finished hypotheses reranked by ours" if settings["length_penalty"] is None
+                else f"its own length_penalty {settings['length_penalty']}")
+             + f"), at most source + "
              f"{options['max_extra_length']} tokens, batches of {settings['batch_size']}; "
              f"translator on {settings['backend']}; {settings['rounds']} round(s), each "
              f"system in its own process; threads: torch {settings['threads']}, "
@@ -368,8 +372,7 @@ def main(argv=None):
                     source=str(source.resolve()), max_sentences=args.max_sentences,
                     options=dict(beam_size=options.beam_size, alpha=options.alpha,
                                  max_extra_length=options.max_extra_length),
-                    length_penalty=(options.alpha if args.length_penalty is None
-                                    else args.length_penalty),
+                    length_penalty=args.length_penalty,
                     batch_size=args.batch_size, threads=threads,
                     ct2_threads=args.ct2_threads or threads, systems=systems,
                     export_dir=str(pathlib.Path(args.export_dir or work / "exports")

@@ -49,15 +49,17 @@ Decoding differences with `keras_transformer.decoding` at the same beam size:
   `min_decoding_length` is set to 0, as our search may emit EOS first).
 - Beam search: CTranslate2 divides a finished hypothesis' log-probability
   by `|Y| ** length_penalty` (`|Y|` counting EOS, since `return_end_token`
-  is set), ours by GNMT's `((5 + |Y|) / 6) ** alpha`. It ranks the alive
-  beams by raw log-probability, as ours does, but stops a sentence once
-  `beam_size` hypotheses have finished (`patience=1`) and returns the best
-  normalised one; ours stops once no alive hypothesis can still beat the
-  best finished one. `length_penalty=alpha` is the closest setting; the
-  ratio of the two penalties between lengths n and m is
-  `(n / m) ** alpha` against `((5 + n) / (5 + m)) ** alpha`, so
-  CTranslate2's normalisation favours longer outputs a little more. Its
-  length limit is one per batch (`max_decoding_length`), so
+  is set), ours by GNMT's `((5 + |Y|) / 6) ** alpha`. By default (`alpha`,
+  no `length_penalty`) `CTranslate2Translator` asks CTranslate2 for all
+  `beam_size` finished hypotheses with their raw log-probabilities
+  (`length_penalty=0`, `num_hypotheses=beam_size`) and picks the best by
+  GNMT's penalty, as ours does. What stays different is when a sentence
+  stops: CTranslate2 once `beam_size` hypotheses have finished
+  (`patience=1`), ours once no alive hypothesis can still beat the best
+  finished one (on the Multi30k test set with a trained `small` model:
+  99.2% of the outputs identical to ours, against 95.5% with CTranslate2's
+  own normalisation at `length_penalty=alpha`). `length_penalty=` selects
+  CTranslate2's own normalisation instead. Its length limit is one per batch (`max_decoding_length`), so
   `CTranslate2Translator` decodes up to the batch's longest limit and cuts
   each output to its own: exact for greedy decoding, while a beam that ours
   would have ended at the limit may come out otherwise.
@@ -67,7 +69,7 @@ Example:
 >>> export_ctranslate2_from_run("runs/demo_tiny", quantization="int8")
 PosixPath('saved_models/demo_tiny-ct2-int8')
 >>> translator = CTranslate2Translator("saved_models/demo_tiny-ct2-int8")
->>> translator.translate(["Hello world."], beam_size=4, length_penalty=0.6)
+>>> translator.translate(["Hello world."], beam_size=4, alpha=0.6)
 ['Hallo Welt.']
 """
 
@@ -548,14 +550,17 @@ class CTranslate2Translator:
 
     # --- decoding ------------------------------------------------------------------
 
-    def translate_ids(self, source_ids, *, beam_size=4, length_penalty=0.6):
+    def translate_ids(self, source_ids, *, beam_size=4, alpha=0.6, length_penalty=None):
         """Output ids of EOS-terminated source id lists (`Translator.encode`'s form).
 
         Args:
             source_ids: list of int lists, each ending with EOS.
             beam_size: 1 is greedy decoding.
-            length_penalty: CTranslate2's: scores are `log P(Y) / |Y| **
-                length_penalty`, `|Y|` counting EOS (see the module docstring).
+            alpha: GNMT length-penalty strength, ours (`decoding.length_penalty`):
+                the finished hypotheses are ranked by
+                `log P(Y) / ((5 + |Y|) / 6) ** alpha`, `|Y|` counting EOS.
+            length_penalty: if given, CTranslate2's own normalisation instead,
+                `log P(Y) / |Y| ** length_penalty` (see the module docstring).
 
         Returns:
             A list of int lists: the output ids up to (not including) EOS,
@@ -565,15 +570,23 @@ class CTranslate2Translator:
             return []
         limits = [min(len(ids) + self.max_extra_length, self._max_positions)
                   for ids in source_ids]
+        rerank = beam_size > 1 and length_penalty is None
         results = self.translator.translate_batch(
             self._source_pieces(source_ids), max_batch_size=self.batch_size,
-            beam_size=beam_size, length_penalty=length_penalty, patience=1,
+            beam_size=beam_size, length_penalty=0.0 if rerank else (length_penalty or 0.0),
+            patience=1, num_hypotheses=beam_size if rerank else 1, return_scores=rerank,
             max_input_length=0, max_decoding_length=max(limits), min_decoding_length=0,
             return_end_token=True)
         outputs = []
         eos = self.config["eos_id"]
         for result, limit in zip(results, limits):
-            ids = self._ids(result.hypotheses[0])[:limit]
+            best = result.hypotheses[0]
+            if rerank:
+                # Raw log-probabilities (length_penalty 0), EOS counted in |Y|.
+                gnmt = [score / ((5.0 + len(hypothesis)) / 6.0) ** alpha
+                        for hypothesis, score in zip(result.hypotheses, result.scores)]
+                best = result.hypotheses[int(np.argmax(gnmt))]
+            ids = self._ids(best)[:limit]
             kept = []
             for token in ids:
                 if token == eos:
@@ -583,7 +596,7 @@ class CTranslate2Translator:
             outputs.append(kept)
         return outputs
 
-    def translate(self, sentences, *, beam_size=4, length_penalty=0.6):
+    def translate(self, sentences, *, beam_size=4, alpha=0.6, length_penalty=None):
         """Translates a list of sentences; see `translate_ids` for the arguments."""
         if isinstance(sentences, (str, bytes)):
             raise TypeError("translate expects a list of strings; wrap one sentence in a "
@@ -592,7 +605,8 @@ class CTranslate2Translator:
                      for s in sentences]
         todo = [i for i, s in enumerate(sentences) if s.strip()]
         outputs = self.translate_ids(self.encode([sentences[i] for i in todo]),
-                                     beam_size=beam_size, length_penalty=length_penalty)
+                                     beam_size=beam_size, alpha=alpha,
+                                     length_penalty=length_penalty)
         translations = [""] * len(sentences)
         for i, ids in zip(todo, outputs):
             translations[i] = self.processor.DecodeIds(ids)
