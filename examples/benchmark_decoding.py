@@ -635,7 +635,7 @@ def ct2_runner(system, settings, workdir):
     import ctranslate2
 
     path = os.path.join(workdir, system.artifact)
-    threads = settings.get("ct2_threads", settings["threads"])
+    threads = settings["ct2_threads"]
     translator = ctranslate2.Translator(path, device="cpu", compute_type=system.compute_type,
                                         intra_threads=threads, inter_threads=1)
     vocabulary = read_ct2_vocabulary(path)
@@ -935,6 +935,11 @@ def entry_status(entry):
     return "no figures"
 
 
+def _summary_rows(entry):
+    """A system's summary rows by (search, length, cached)."""
+    return {(r["search"], r["length"], r["cached"]): r for r in entry["summary"]}
+
+
 def format_targets(figures):
     """The cached search's targets, where the figures needed are there."""
     settings = figures["settings"]
@@ -953,7 +958,10 @@ def format_targets(figures):
         system = get_system(name)
         if system.kind != "keras":  # the targets are our searches'
             continue
-        rows = {(r["search"], r["length"], r["cached"]): r for r in entry["summary"]}
+        rows = _summary_rows(entry)
+        # A quantized variant (`jax-int8`) is also measured against its float32 system.
+        plain = figures["systems"].get(name.rpartition("-")[0]) if system.quantize else None
+        plain_rows = _summary_rows(plain) if plain and not plain.get("error") else {}
         for search, _ in searches(settings):
             cached, uncached = rows.get((search, long, True)), rows.get((search, long, False))
             if cached and uncached:
@@ -969,13 +977,10 @@ def format_targets(figures):
                 check(f"{name} {search}: speed-up over {REFERENCE} at {long}",
                       cached["vs_reference"], 1.0)
                 best.append((cached["vs_reference"], name, search))
-            plain = figures["systems"].get(name[: -len("-" + (system.quantize or ""))])
-            if system.quantize and cached and plain and not plain.get("error"):
-                reference = {(r["search"], r["length"], r["cached"]): r
-                             for r in plain["summary"]}.get((search, long, True))
-                if reference:
-                    check(f"{name} {search}: speed-up over float32 at {long}",
-                          reference["median_seconds"] / cached["median_seconds"], 1.5)
+            reference = plain_rows.get((search, long, True))
+            if cached and reference:
+                check(f"{name} {search}: speed-up over float32 at {long}",
+                      reference["median_seconds"] / cached["median_seconds"], 1.5)
     for search in sorted({s for _, _, s in best}):
         value, name = max((v, n) for v, n, s in best if s == search)
         check(f"best ({name}) {search}: speed-up over {REFERENCE} at {long}", value, 2.2)

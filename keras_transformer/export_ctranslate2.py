@@ -59,10 +59,11 @@ Decoding differences with `keras_transformer.decoding` at the same beam size:
   finished one (on the Multi30k test set with a trained `small` model:
   99.2% of the outputs identical to ours, against 95.5% with CTranslate2's
   own normalisation at `length_penalty=alpha`). `length_penalty=` selects
-  CTranslate2's own normalisation instead. Its length limit is one per batch (`max_decoding_length`), so
-  `CTranslate2Translator` decodes up to the batch's longest limit and cuts
-  each output to its own: exact for greedy decoding, while a beam that ours
-  would have ended at the limit may come out otherwise.
+  CTranslate2's own normalisation instead. Its length limit is one per
+  batch (`max_decoding_length`), so `CTranslate2Translator` decodes up to
+  the batch's longest limit and cuts each output to its own: exact for
+  greedy decoding, while a beam that ours would have ended at the limit may
+  come out otherwise.
 
 Example:
 
@@ -573,7 +574,7 @@ class CTranslate2Translator:
         rerank = beam_size > 1 and length_penalty is None
         results = self.translator.translate_batch(
             self._source_pieces(source_ids), max_batch_size=self.batch_size,
-            beam_size=beam_size, length_penalty=0.0 if rerank else (length_penalty or 0.0),
+            beam_size=beam_size, length_penalty=length_penalty or 0.0,
             patience=1, num_hypotheses=beam_size if rerank else 1, return_scores=rerank,
             max_input_length=0, max_decoding_length=max(limits), min_decoding_length=0,
             return_end_token=True)
@@ -582,7 +583,9 @@ class CTranslate2Translator:
         for result, limit in zip(results, limits):
             best = result.hypotheses[0]
             if rerank:
-                # Raw log-probabilities (length_penalty 0), EOS counted in |Y|.
+                # Raw log-probabilities (length_penalty 0), EOS counted in |Y|;
+                # decoding.length_penalty's formula, not imported: this module
+                # runs without Keras.
                 gnmt = [score / ((5.0 + len(hypothesis)) / 6.0) ** alpha
                         for hypothesis, score in zip(result.hypotheses, result.scores)]
                 best = result.hypotheses[int(np.argmax(gnmt))]
