@@ -535,12 +535,14 @@ def finalize_weights(model, run, settings):
 
 
 def evaluate_test(translator, run, settings, corpus):
-    """Stage 8: beam search of the test split, scored with sacreBLEU."""
+    """Stage 8: beam search of the test split (or `eval_split`), scored with sacreBLEU."""
     from keras_transformer.translate import evaluate_bleu
 
-    source, reference = corpus.text_paths("test")
+    split = settings.eval_split
+    source, reference = corpus.text_paths(split)
+    output = runs.HYPOTHESES_FILE if split == "test" else f"{split}.hyp.de"
     return evaluate_bleu(translator, source, reference, max_sentences=settings.eval_sentences,
-                         output_file=run / runs.HYPOTHESES_FILE,
+                         output_file=run / output,
                          progress=bool(settings.verbose), verbose=bool(settings.verbose))
 
 
@@ -645,13 +647,14 @@ def _train_in(run, settings, corpus):
     export_path = export_run(translator, run, s)
 
     # The lines evaluate_bleu translated (blank ones included), so samples align.
-    sources, references = (read_lines(p) for p in corpus.text_paths("test"))
-    lines = ["Sample translations (test split):"]
+    sources, references = (read_lines(p) for p in corpus.text_paths(s.eval_split))
+    lines = [f"Sample translations ({s.eval_split} split):"]
     for i in range(min(3, len(result.hypotheses))):
         lines.append(f"  EN:  {sources[i]}\n  REF: {references[i]}\n  HYP: "
                      f"{result.hypotheses[i]}")
     logger.info("\n".join(lines))
     summary = {
+        "eval_split": s.eval_split,
         "bleu": result.bleu, "chrf": result.chrf, "bleu_signature": result.bleu_signature,
         "final_step": report.final_update if report else start,
         "steps_this_run": report.steps if report else 0,
@@ -667,7 +670,8 @@ def _train_in(run, settings, corpus):
         "settings": s.to_dict(),
     }
     run.write_json(runs.RESULTS_FILE, summary)
-    logger.info(f"Test BLEU {result.bleu:.2f}, chrF {result.chrf:.2f}; results in "
+    logger.info(f"{'Test' if s.eval_split == 'test' else 'Validation'} BLEU "
+                f"{result.bleu:.2f}, chrF {result.chrf:.2f}; results in "
                 f"{run.results_file}")
     return summary
 

@@ -139,6 +139,9 @@ class Settings:
                                    "tokens")
     eval_sentences: Optional[int] = _field(None, "decoding", "score only the first N "
                                            "test sentences")
+    eval_split: str = _field("test", "decoding", "the split the finished run is scored "
+                             "on: test, or valid for a recipe search that must not "
+                             "see the test set", choices=("test", "valid"))
     # [export]
     export_dir: str = _field("saved_models", "export", "TF Serving base folder "
                              "(<dir>/<model-name>/<version>); '' to skip the export")

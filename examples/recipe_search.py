@@ -1,0 +1,163 @@
+"""A recipe search on validation only: short runs of candidate configs, ranked.
+
+Each candidate is a config file (`configs/multi30k_search/*.toml`). `run`
+trains every candidate for the same number of updates in its own process
+(`keras-transformer train --config C --train-steps N --eval-split valid
+--export-dir ''`), into `<root>/<config stem>`; the finished run is scored with
+beam search on the validation split, never on the test set. Re-running the
+command continues an interrupted candidate and skips finished ones (the run
+folder's own resume).
+
+The learning-rate schedule (equation 3) does not depend on the total number of
+updates, so a short run is the first part of the long run with the same
+config: the ranking compares the candidates at the same update. It favours
+faster starters (less regularisation) over what pays off later; the table
+shows the validation curve so that can be seen.
+
+`table` writes the ranking table from the run folders (`results.json`,
+`settings.json`, `training_log.csv`), not by hand:
+
+    python examples/recipe_search.py run configs/multi30k_search/*.toml \\
+        --root runs/multi30k_search --train-steps 600
+    python examples/recipe_search.py table --root runs/multi30k_search \\
+        --output docs/multi30k_recipe_search.md
+"""
+
+import argparse
+import csv
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+# Settings shown as a candidate's differences; the rest is the same for all.
+_IGNORED = {"output_dir", "export_dir", "eval_split", "train_steps", "verbose",
+            "prepared_dir", "model_name"}
+
+
+def run_candidates(configs, root, train_steps, extra=()):
+    """Trains each config for `train_steps` updates, one process each."""
+    root = pathlib.Path(root)
+    for config in map(pathlib.Path, configs):
+        if not config.is_file():
+            raise SystemExit(f"recipe_search.py: no config file {config}")
+    for config in map(pathlib.Path, configs):
+        out = root / config.stem
+        command = [sys.executable, "-m", "keras_transformer", "train", "--config", str(config),
+                   "--train-steps", str(train_steps), "--eval-split", "valid",
+                   "--export-dir", "", "--output-dir", str(out), *extra]
+        print(f"[{time.strftime('%H:%M:%S')}] {config.stem}: {' '.join(command)}", flush=True)
+        started = time.time()
+        code = subprocess.call(command)
+        print(f"[{time.strftime('%H:%M:%S')}] {config.stem}: exit {code} after "
+              f"{time.time() - started:.0f} s", flush=True)
+        if code:
+            return code
+    return 0
+
+
+def _validation_curve(log_file):
+    """`[(update, val_loss, val_bleu)]` of the rows where validation ran."""
+    if not log_file.is_file():
+        return []
+    with open(log_file, newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r.get("val_loss")]
+    return [(int(float(r["step"])), float(r["val_loss"]),
+             float(r["val_bleu"]) if r.get("val_bleu") else None) for r in rows]
+
+
+def read_run(folder):
+    """One candidate's row: its settings, results and validation curve, or None."""
+    folder = pathlib.Path(folder)
+    results_file = folder / "results.json"
+    if not results_file.is_file():
+        return None
+    results = json.loads(results_file.read_text())
+    settings = results.get("settings") or json.loads((folder / "settings.json").read_text())
+    return dict(name=folder.name, results=results, settings=settings,
+                curve=_validation_curve(folder / "training_log.csv"))
+
+
+def differences(settings, reference):
+    """`name=value` for every setting (and model override) that differs from `reference`."""
+    out = []
+    for key in sorted(set(settings) | set(reference)):
+        if key in _IGNORED or key == "model":
+            continue
+        if settings.get(key) != reference.get(key):
+            out.append(f"{key}={settings.get(key)}")
+    model, ref_model = settings.get("model") or {}, reference.get("model") or {}
+    for key in sorted(set(model) | set(ref_model)):
+        if model.get(key) != ref_model.get(key):
+            out.append(f"{key}={model.get(key, '-')}")
+    return out
+
+
+def ranking(rows):
+    """Rows sorted best first by validation BLEU (beam, the whole split)."""
+    scored = [r for r in rows if r["results"].get("eval_split") == "valid"]
+    return sorted(scored, key=lambda r: -r["results"]["bleu"])
+
+
+def markdown_table(rows, baseline=None):
+    """The ranking as a Markdown table (see `ranking`)."""
+    ranked = ranking(rows)
+    if not ranked:
+        raise SystemExit("recipe_search.py: no run folder scored on the validation split "
+                         "(results.json with eval_split valid)")
+    reference = next((r["settings"] for r in ranked if r["name"] == baseline),
+                     ranked[-1]["settings"])
+    lines = ["| rank | candidate | differs from the baseline | updates | train min | "
+             "target tok/s | valid BLEU (beam) | valid chrF | greedy valid BLEU "
+             "(200 sent.) by update | valid loss by update |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for rank, row in enumerate(ranked, 1):
+        res = row["results"]
+        diff = ", ".join(differences(row["settings"], reference)) or "(baseline)"
+        bleu_curve = " ".join(f"{u}:{b:.1f}" for u, _, b in row["curve"] if b is not None)
+        loss_curve = " ".join(f"{u}:{l:.3f}" for u, l, _ in row["curve"])
+        tok_s = res.get("train_target_tokens_per_second")
+        lines.append(
+            f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | "
+            f"{res.get('train_seconds', 0) / 60:.1f} | {tok_s:,.0f} | "
+            f"**{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
+            f"{loss_curve or '-'} |" if tok_s is not None else
+            f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | - | - | "
+            f"**{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
+            f"{loss_curve or '-'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="recipe_search.py", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="train the candidates (validation only)")
+    p_run.add_argument("configs", nargs="+", help="candidate config files")
+    p_run.add_argument("--root", default="runs/multi30k_search")
+    p_run.add_argument("--train-steps", type=int, default=600)
+    p_table = sub.add_parser("table", help="the ranking table from the run folders")
+    p_table.add_argument("--root", default="runs/multi30k_search")
+    p_table.add_argument("--baseline", default="small",
+                         help="the candidate the differences are named against")
+    p_table.add_argument("--output", help="write here (default: print)")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        if args.train_steps < 1:
+            parser.error("--train-steps must be a positive integer")
+        return run_candidates(args.configs, args.root, args.train_steps)
+    root = pathlib.Path(args.root)
+    if not root.is_dir():
+        raise SystemExit(f"recipe_search.py: no folder {root}")
+    rows = [r for r in map(read_run, sorted(p for p in root.iterdir() if p.is_dir())) if r]
+    table = markdown_table(rows, baseline=args.baseline)
+    if args.output:
+        pathlib.Path(args.output).write_text(table + "\n")
+        print(f"wrote {args.output}")
+    else:
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
