@@ -110,8 +110,8 @@ def markdown_table(rows, baseline=None):
                      ranked[-1]["settings"])
     lines = ["| rank | candidate | differs from the baseline | updates | train min | "
              "target tok/s | valid BLEU (beam) | valid chrF | greedy valid BLEU "
-             "(200 sent.) by update | valid loss by update |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(200 sent.) by update | valid loss by update | scored weights |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for rank, row in enumerate(ranked, 1):
         res = row["results"]
         diff = ", ".join(differences(row["settings"], reference)) or "(baseline)"
@@ -122,10 +122,10 @@ def markdown_table(rows, baseline=None):
             f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | "
             f"{res.get('train_seconds', 0) / 60:.1f} | {tok_s:,.0f} | "
             f"**{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
-            f"{loss_curve or '-'} |" if tok_s is not None else
+            f"{loss_curve or '-'} | {res.get('final_weights', '-')} |" if tok_s is not None else
             f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | - | - | "
             f"**{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
-            f"{loss_curve or '-'} |")
+            f"{loss_curve or '-'} | {res.get('final_weights', '-')} |")
     return "\n".join(lines)
 
 

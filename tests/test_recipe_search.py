@@ -28,7 +28,7 @@ def _run(root, name, bleu, split="valid", model=None, curve=((200, 5.0, 3.0), (4
     s = settings_lib.Settings(preset="small", data="x", model=model or {}).to_dict()
     folder.joinpath("results.json").write_text(json.dumps(dict(
         eval_split=split, bleu=bleu, chrf=bleu + 20, final_step=400, train_seconds=600.0,
-        train_target_tokens_per_second=3000.0, settings=s)))
+        train_target_tokens_per_second=3000.0, final_weights="the average of 2 checkpoints", settings=s)))
     with open(folder / "training_log.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["step", "loss", "val_loss", "val_bleu"])
@@ -50,6 +50,7 @@ def test_table_ranks_by_validation_bleu_and_leaves_out_test_scored_runs(search, 
     assert table[2].startswith("| 1 | `drop03` | dropout=0.3 | 400 | 10.0 | 3,000 | **25.50** | 45.50")
     assert table[3].startswith("| 2 | `small` | (baseline) |")
     assert "200:3.0 400:9.0" in table[2] and "200:5.000 400:4.500" in table[2]
+    assert table[2].endswith("| the average of 2 checkpoints |")
     assert "peeked" not in "\n".join(table)
 
 
