@@ -36,7 +36,7 @@ _IGNORED = {"output_dir", "export_dir", "eval_split", "train_steps", "verbose",
             "prepared_dir", "model_name"}
 
 
-def run_candidates(configs, root, train_steps, extra=()):
+def run_candidates(configs, root, train_steps):
     """Trains each config for `train_steps` updates, one process each."""
     root = pathlib.Path(root)
     for config in map(pathlib.Path, configs):
@@ -46,7 +46,7 @@ def run_candidates(configs, root, train_steps, extra=()):
         out = root / config.stem
         command = [sys.executable, "-m", "keras_transformer", "train", "--config", str(config),
                    "--train-steps", str(train_steps), "--eval-split", "valid",
-                   "--export-dir", "", "--output-dir", str(out), *extra]
+                   "--export-dir", "", "--output-dir", str(out)]
         print(f"[{time.strftime('%H:%M:%S')}] {config.stem}: {' '.join(command)}", flush=True)
         started = time.time()
         code = subprocess.call(command)
@@ -118,13 +118,11 @@ def markdown_table(rows, baseline=None):
         bleu_curve = " ".join(f"{u}:{b:.1f}" for u, _, b in row["curve"] if b is not None)
         loss_curve = " ".join(f"{u}:{l:.3f}" for u, l, _ in row["curve"])
         tok_s = res.get("train_target_tokens_per_second")
+        minutes, speed = (("-", "-") if tok_s is None else
+                          (f"{res.get('train_seconds', 0) / 60:.1f}", f"{tok_s:,.0f}"))
         lines.append(
-            f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | "
-            f"{res.get('train_seconds', 0) / 60:.1f} | {tok_s:,.0f} | "
-            f"**{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
-            f"{loss_curve or '-'} | {res.get('final_weights', '-')} |" if tok_s is not None else
-            f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | - | - | "
-            f"**{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
+            f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | {minutes} | "
+            f"{speed} | **{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
             f"{loss_curve or '-'} | {res.get('final_weights', '-')} |")
     return "\n".join(lines)
 

@@ -538,11 +538,9 @@ def evaluate_test(translator, run, settings, corpus):
     """Stage 8: beam search of the test split (or `eval_split`), scored with sacreBLEU."""
     from keras_transformer.translate import evaluate_bleu
 
-    split = settings.eval_split
-    source, reference = corpus.text_paths(split)
-    output = runs.HYPOTHESES_FILE if split == "test" else f"{split}.hyp.de"
+    source, reference = corpus.text_paths(settings.eval_split)
     return evaluate_bleu(translator, source, reference, max_sentences=settings.eval_sentences,
-                         output_file=run / output,
+                         output_file=run / runs.hypotheses_file(settings.eval_split),
                          progress=bool(settings.verbose), verbose=bool(settings.verbose))
 
 

@@ -55,7 +55,7 @@ RESULTS_FILE = "results.json"
 LOG_FILE = "training_log.csv"
 ROLLED_BACK_LOG_FILE = "training_log.rolled_back.csv"
 PLOT_FILE = "training.png"
-HYPOTHESES_FILE = "test.hyp.de"
+HYPOTHESES_FILE = "test.hyp.de"  # hypotheses_file("test")
 BACKUP_DIR = "backup"
 CHECKPOINT_DIR = "checkpoints"
 ROLLED_BACK_DIR = "rolled_back"
@@ -71,6 +71,11 @@ logger = logging.getLogger("keras_transformer")
 
 class RunError(Exception):
     """A run folder that cannot be used as asked; the message says why and what to do."""
+
+
+def hypotheses_file(split):
+    """The run folder's translations of `split` by the job's final scoring (`test.hyp.de`)."""
+    return f"{split}.hyp.de"
 
 
 def _numbered(directory, pattern):

@@ -1,5 +1,6 @@
 """Shared test fixtures: seeds, tiny configs, and the local corpora in ../shared/data."""
 
+import importlib.util
 import os
 import pathlib
 
@@ -13,6 +14,14 @@ SHARED_DATA = pathlib.Path(
 # CI sets KT_REQUIRE_SHARED_DATA=1 so that a missing ../shared/data fails
 # instead of silently skipping the tests that use real corpora.
 REQUIRE_SHARED_DATA = os.environ.get("KT_REQUIRE_SHARED_DATA", "") not in ("", "0")
+
+
+def load_example(name):
+    """The module of `examples/<name>.py` (the examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 processes (a failing one is one line), and a tiny end-to-end run against HF MarianMT and
 CTranslate2."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -11,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import load_example
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "examples" / "benchmark_decoding.py"
 # Small enough for seconds per worker; lengths forced to 6 from a 4-id source.
@@ -20,10 +20,7 @@ TINY = ["--preset", "tiny", "--vocab-size", "64", "--num-layers", "1", "--d-mode
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_decoding", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("benchmark_decoding")
 
 
 def _settings(bench, *arguments):

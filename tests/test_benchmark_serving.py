@@ -1,7 +1,6 @@
 """Tests of examples/benchmark_serving.py: shapes, percentiles and round arithmetic, and a
 tiny end-to-end run of the SavedModel and the Translator, each in its own process."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -9,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import load_example
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "examples" / "benchmark_serving.py"
 
@@ -17,10 +17,7 @@ pytestmark = pytest.mark.backend_independent  # workers set KERAS_BACKEND themse
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_serving", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("benchmark_serving")
 
 
 def test_buckets_batches_and_percentiles(bench):

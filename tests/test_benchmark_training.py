@@ -1,7 +1,6 @@
 """Tests of examples/benchmark_training.py: a few steps on tiny configs, the device peak
 table, mixed precision and MirroredStrategy on CPU devices."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -11,6 +10,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+from conftest import load_example
 
 torch = pytest.importorskip("torch")
 
@@ -19,10 +19,7 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "examples" / "benchmark_t
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_training", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("benchmark_training")
 
 
 def test_flops_count_weight_matrices_and_attention(bench, tiny_config):

@@ -2,24 +2,20 @@
 the `eval_split` setting the search relies on (a candidate never sees the test set)."""
 
 import csv
-import importlib.util
 import json
 import pathlib
 
 import pytest
+from conftest import load_example
 
 from keras_transformer import settings as settings_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "examples" / "recipe_search.py"
 
 
 @pytest.fixture(scope="module")
 def search():
-    spec = importlib.util.spec_from_file_location("recipe_search", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("recipe_search")
 
 
 def _run(root, name, bleu, split="valid", model=None, curve=((200, 5.0, 3.0), (400, 4.5, 9.0))):
