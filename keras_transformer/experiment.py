@@ -15,6 +15,7 @@ the model trains on any Keras backend.
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import pathlib
@@ -279,8 +280,6 @@ def make_datasets(settings, corpus, plan, *, start_update=0):
 
 def validation_sample(corpus, count):
     """The first `count` validation pairs with two non-empty sides, as (sources, references)."""
-    import itertools
-
     from keras_transformer.data.readers import iter_parallel_lines
 
     if not count:
@@ -693,16 +692,19 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         weights: names understood by `runs.resolve_weights` (`"final"`,
             `"averaged"`, `"best"`, `"last"`, `"ckpt-2000"`, or paths).
         beam_sizes: 1 is greedy decoding.
-        alpha: length penalty of beam search (default `DecodingOptions`').
+        alpha: length penalty of beam search (default `DecodingOptions`'), or
+            a sequence of them: one row per value (tuning on a validation
+            split).
         quantize: `"int8"` scores a quantized copy of each weights
             (`keras_transformer.model.quantized`).
         max_sentences: score only the first lines of each split.
         verbose: log each row as it is measured.
 
     Returns:
-        A list of dicts with `weights`, `beam_size`, `split`, `bleu`, `chrf`,
-        `num_sentences`, `seconds` and `bleu_signature`.
+        A list of dicts with `weights`, `beam_size`, `alpha`, `split`, `bleu`,
+        `chrf`, `num_sentences`, `seconds` and `bleu_signature`.
     """
+    from keras_transformer.decoding import DecodingOptions
     from keras_transformer.model import quantized
     from keras_transformer.translate import Translator, evaluate_bleu
 
@@ -714,6 +716,8 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         if not (source.exists() and reference.exists()):
             raise FileNotFoundError(f"split {split!r} needs {source} and {reference}")
         files[split] = (source, reference)
+    alphas = ([DecodingOptions().alpha] if alpha is None else
+              [float(a) for a in alpha] if isinstance(alpha, (list, tuple)) else [float(alpha)])
     weight_paths = {name: runs.resolve_weights(run_dir, name) for name in weights}
     model, tokenizer = runs.load_run(run_dir)
     final = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
@@ -724,22 +728,20 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         else:
             runs.load_model_weights(model, path)
         translator = Translator(quantized(model, quantize) if quantize else model, tokenizer)
-        for beam_size in beam_sizes:
-            for split, (source, reference) in files.items():
-                start = time.time()
-                result = evaluate_bleu(translator, source, reference, beam_size=beam_size,
-                                       alpha=alpha, max_sentences=max_sentences,
-                                       verbose=False)
-                row = dict(weights=name, beam_size=beam_size, split=split, quantize=quantize,
-                           bleu=result.bleu, chrf=result.chrf,
-                           num_sentences=result.num_sentences,
-                           seconds=time.time() - start,
-                           bleu_signature=result.bleu_signature)
-                rows.append(row)
-                if verbose:
-                    logger.info(f"{name:>10s}  beam {beam_size}  {split:18s} BLEU "
-                                f"{row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
-                                f"({row['num_sentences']} sentences, {row['seconds']:.0f} s)")
+        for beam_size, alpha_, (split, (source, reference)) in itertools.product(
+                beam_sizes, alphas, files.items()):
+            start = time.time()
+            result = evaluate_bleu(translator, source, reference, beam_size=beam_size,
+                                   alpha=alpha_, max_sentences=max_sentences, verbose=False)
+            row = dict(weights=name, beam_size=beam_size, alpha=alpha_, split=split,
+                       quantize=quantize, bleu=result.bleu, chrf=result.chrf,
+                       num_sentences=result.num_sentences, seconds=time.time() - start,
+                       bleu_signature=result.bleu_signature)
+            rows.append(row)
+            if verbose:
+                logger.info(f"{name:>10s}  beam {beam_size}  alpha {alpha_:g}  {split:18s} "
+                            f"BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
+                            f"({row['num_sentences']} sentences, {row['seconds']:.0f} s)")
     return rows
 
 

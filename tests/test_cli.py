@@ -110,3 +110,10 @@ def test_export_errors(tmp_path, capsys):
     assert "neither model.keras nor config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["export", "--run", "x", "--batch-buckets", "a,b"])
+
+
+def test_evaluate_refuses_a_negative_alpha_in_one_line(tmp_path, capsys):
+    assert main(["evaluate", "--run", str(tmp_path), "--data", str(tmp_path),
+                 "--alpha", "0.6", "-1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["keras-transformer evaluate: error: --alpha must be >= 0, received -1"]

@@ -138,6 +138,33 @@ def test_evaluate_run_scores_each_weights_file(shared_data, tmp_path):
     assert abs(rows[3]["bleu"] - expected) < 1e-9
 
 
+def test_evaluate_run_gives_a_row_per_alpha(shared_data, tmp_path, monkeypatch):
+    import types
+
+    from keras_transformer import translate
+
+    corpus, _ = _fake_run(shared_data, tmp_path)
+    calls = []
+
+    def fake_evaluate_bleu(translator, source, reference, *, beam_size, alpha, **_):
+        calls.append((source.name, beam_size, alpha))
+        return types.SimpleNamespace(bleu=10 * alpha + beam_size, chrf=0.0, num_sentences=1,
+                                     bleu_signature="sig")
+
+    monkeypatch.setattr(translate, "evaluate_bleu", fake_evaluate_bleu)
+    rows = evaluate_run(tmp_path, corpus, splits=["valid", "test"], weights=["ckpt-20"],
+                        beam_sizes=[1, 4], alpha=[0.0, 1.5], verbose=False)
+    expected = [(split + ".en", beam, alpha) for beam in (1, 4) for alpha in (0.0, 1.5)
+                for split in ("valid", "test")]
+    assert calls == expected
+    assert [(r["split"] + ".en", r["beam_size"], r["alpha"]) for r in rows] == expected
+    assert [r["bleu"] for r in rows] == [10 * a + b for _, b, a in expected]
+    # One value or none: one alpha, the paper's 0.6 by default.
+    calls.clear()
+    rows = evaluate_run(tmp_path, corpus, splits=["valid"], weights=["ckpt-20"], verbose=False)
+    assert calls == [("valid.en", 4, 0.6)] and rows[0]["alpha"] == 0.6
+
+
 def test_resolve_weights_names_and_errors(shared_data, tmp_path):
     _fake_run(shared_data, tmp_path)
     assert resolve_weights(tmp_path, "last").name == "ckpt-20.weights.h5"

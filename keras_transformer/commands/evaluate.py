@@ -2,7 +2,7 @@
 
 import json
 
-from keras_transformer.commands.common import setup_logging
+from keras_transformer.commands.common import CommandError, setup_logging
 
 
 def add_parser(commands):
@@ -19,7 +19,9 @@ def add_parser(commands):
                    help="final (model.keras), averaged, best, last, ckpt-<update> or "
                         ".weights.h5 paths (default: final)")
     p.add_argument("--beam-sizes", nargs="+", type=int, default=[4], help="1 = greedy")
-    p.add_argument("--alpha", type=float, help="length penalty (default 0.6)")
+    p.add_argument("--alpha", nargs="+", type=float,
+                   help="length penalty (default 0.6); several values give a row each "
+                        "(tune it on a validation split, not on the test set)")
     p.add_argument("--quantize", choices=["int8"],
                    help="score int8 weights (Keras' model.quantize on a copy)")
     p.add_argument("--max-sentences", type=int, help="score only the first N lines")
@@ -29,15 +31,18 @@ def add_parser(commands):
 
 
 def run_evaluate(args):
+    negative = [a for a in args.alpha or () if a < 0]
+    if negative:
+        raise CommandError(f"--alpha must be >= 0, received {negative[0]:g}")
     setup_logging()
     from keras_transformer.experiment import evaluate_run
 
     rows = evaluate_run(args.run, args.data, splits=args.splits, weights=args.weights,
                         beam_sizes=args.beam_sizes, alpha=args.alpha,
                         quantize=args.quantize, max_sentences=args.max_sentences)
-    print("| weights | beam | split | sacreBLEU | chrF2 |\n|---|---|---|---|---|")
+    print("| weights | beam | alpha | split | sacreBLEU | chrF2 |\n|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['weights']} | {row['beam_size']} | {row['split']} | "
+        print(f"| {row['weights']} | {row['beam_size']} | {row['alpha']:g} | {row['split']} | "
               f"{row['bleu']:.2f} | {row['chrf']:.2f} |")
     print(f"\nsacreBLEU signature: {rows[0]['bleu_signature']}")
     if args.json:
