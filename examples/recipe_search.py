@@ -27,6 +27,7 @@ import argparse
 import csv
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -95,9 +96,21 @@ def differences(settings, reference):
 
 
 def ranking(rows):
-    """Rows sorted best first by validation BLEU (beam, the whole split)."""
+    """Rows scored on validation, best first: most updates, then validation BLEU.
+
+    Candidates are compared at the same number of updates; one stopped earlier
+    (successive halving: its validation curve already lost to another's at the
+    same update) comes after every candidate trained further, whatever its BLEU.
+    """
     scored = [r for r in rows if r["results"].get("eval_split") == "valid"]
-    return sorted(scored, key=lambda r: -r["results"]["bleu"])
+    return sorted(scored, key=lambda r: (-(r["results"].get("final_step") or 0),
+                                         -r["results"]["bleu"]))
+
+
+def _short_weights(text):
+    """`final_weights` with a list of checkpoint files shortened to its first and last."""
+    return re.sub(r"\((ckpt-\d+)\.weights\.h5, (?:[^()]*, )?(ckpt-\d+)\.weights\.h5\)",
+                  r"(\1 to \2)", text)
 
 
 def markdown_table(rows, baseline=None):
@@ -123,7 +136,7 @@ def markdown_table(rows, baseline=None):
         lines.append(
             f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | {minutes} | "
             f"{speed} | **{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
-            f"{loss_curve or '-'} | {res.get('final_weights', '-')} |")
+            f"{loss_curve or '-'} | {_short_weights(res.get('final_weights', '-'))} |")
     return "\n".join(lines)
 
 

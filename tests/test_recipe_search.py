@@ -18,13 +18,14 @@ def search():
     return load_example("recipe_search")
 
 
-def _run(root, name, bleu, split="valid", model=None, curve=((200, 5.0, 3.0), (400, 4.5, 9.0))):
+def _run(root, name, bleu, split="valid", model=None, curve=((200, 5.0, 3.0), (400, 4.5, 9.0)),
+         final_step=400, final_weights="the average of 2 checkpoints"):
     folder = root / name
     folder.mkdir(parents=True)
     s = settings_lib.Settings(preset="small", data="x", model=model or {}).to_dict()
     folder.joinpath("results.json").write_text(json.dumps(dict(
-        eval_split=split, bleu=bleu, chrf=bleu + 20, final_step=400, train_seconds=600.0,
-        train_target_tokens_per_second=3000.0, final_weights="the average of 2 checkpoints", settings=s)))
+        eval_split=split, bleu=bleu, chrf=bleu + 20, final_step=final_step, train_seconds=600.0,
+        train_target_tokens_per_second=3000.0, final_weights=final_weights, settings=s)))
     with open(folder / "training_log.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["step", "loss", "val_loss", "val_bleu"])
@@ -48,6 +49,18 @@ def test_table_ranks_by_validation_bleu_and_leaves_out_test_scored_runs(search, 
     assert "200:3.0 400:9.0" in table[2] and "200:5.000 400:4.500" in table[2]
     assert table[2].endswith("| the average of 2 checkpoints |")
     assert "peeked" not in "\n".join(table)
+
+
+def test_a_candidate_stopped_earlier_ranks_after_those_trained_further(search, tmp_path):
+    _run(tmp_path, "small", 30.0, final_step=3600, final_weights=(
+        "the average of 3 checkpoints (ckpt-3200.weights.h5, ckpt-3400.weights.h5, "
+        "ckpt-3600.weights.h5)"))
+    _run(tmp_path, "stopped", 35.0, final_step=1400, model={"dropout": 0.3})
+    _run(tmp_path, "better", 31.0, final_step=3600, model={"norm_first": True})
+    rows = [search.read_run(p) for p in sorted(tmp_path.iterdir())]
+    table = search.markdown_table(rows, baseline="small").splitlines()[2:]
+    assert [line.split(" | ")[1] for line in table] == ["`better`", "`small`", "`stopped`"]
+    assert table[1].endswith("| the average of 3 checkpoints (ckpt-3200 to ckpt-3600) |")
 
 
 def test_table_without_a_validation_scored_run_says_so(search, tmp_path):
