@@ -702,7 +702,8 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
 
     Returns:
         A list of dicts with `weights`, `beam_size`, `alpha`, `split`, `bleu`,
-        `chrf`, `num_sentences`, `seconds` and `bleu_signature`.
+        `chrf`, `num_sentences`, `seconds`, `bleu_signature` and
+        `chrf_signature`.
     """
     from keras_transformer.decoding import DecodingOptions
     from keras_transformer.model import quantized
@@ -736,7 +737,8 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
             row = dict(weights=name, beam_size=beam_size, alpha=alpha_, split=split,
                        quantize=quantize, bleu=result.bleu, chrf=result.chrf,
                        num_sentences=result.num_sentences, seconds=time.time() - start,
-                       bleu_signature=result.bleu_signature)
+                       bleu_signature=result.bleu_signature,
+                       chrf_signature=result.chrf_signature)
             rows.append(row)
             if verbose:
                 logger.info(f"{name:>10s}  beam {beam_size}  alpha {alpha_:g}  {split:18s} "

@@ -149,7 +149,7 @@ def test_evaluate_run_gives_a_row_per_alpha(shared_data, tmp_path, monkeypatch):
     def fake_evaluate_bleu(translator, source, reference, *, beam_size, alpha, **_):
         calls.append((source.name, beam_size, alpha))
         return types.SimpleNamespace(bleu=10 * alpha + beam_size, chrf=0.0, num_sentences=1,
-                                     bleu_signature="sig")
+                                     bleu_signature="sig", chrf_signature="chrf-sig")
 
     monkeypatch.setattr(translate, "evaluate_bleu", fake_evaluate_bleu)
     rows = evaluate_run(tmp_path, corpus, splits=["valid", "test"], weights=["ckpt-20"],

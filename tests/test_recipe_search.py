@@ -84,6 +84,20 @@ def test_candidate_configs_resolve_and_differ_only_as_they_say():
         assert resolved.eval_split == "test"  # the search passes --eval-split valid
 
 
+def test_the_multi30k_config_is_the_search_winner_with_its_validation_tuning():
+    """configs/multi30k.toml = the winning candidate + the budget and the tuned settings."""
+    final = settings_lib.resolve(config_file=str(REPO / "configs" / "multi30k.toml")).to_dict()
+    winner = settings_lib.resolve(
+        config_file=str(REPO / "configs" / "multi30k_search" / "small.toml")).to_dict()
+    chosen = dict(train_steps=3600, average_last=10, alpha=1.0, output_dir="runs/multi30k")
+    assert {k: final[k] for k in chosen} == chosen
+    assert final["eval_split"] == "test" and final["final_weights"] == "averaged"
+    rest = lambda d: {k: v for k, v in d.items() if k not in chosen}  # noqa: E731
+    assert rest(final) == rest(winner)
+    # The paper's presets stay the paper's: the recipe changes no model field.
+    assert final["model"] == {} and final["preset"] == "small"
+
+
 def test_eval_split_is_checked():
     with pytest.raises(settings_lib.SettingsError, match="eval-split must be one of"):
         settings_lib.Settings(eval_split="train")

@@ -45,6 +45,7 @@ def run_evaluate(args):
         print(f"| {row['weights']} | {row['beam_size']} | {row['alpha']:g} | {row['split']} | "
               f"{row['bleu']:.2f} | {row['chrf']:.2f} |")
     print(f"\nsacreBLEU signature: {rows[0]['bleu_signature']}")
+    print(f"chrF signature: {rows[0]['chrf_signature']}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=2)
