@@ -55,7 +55,6 @@ RESULTS_FILE = "results.json"
 LOG_FILE = "training_log.csv"
 ROLLED_BACK_LOG_FILE = "training_log.rolled_back.csv"
 PLOT_FILE = "training.png"
-HYPOTHESES_FILE = "test.hyp.de"  # hypotheses_file("test")
 BACKUP_DIR = "backup"
 CHECKPOINT_DIR = "checkpoints"
 ROLLED_BACK_DIR = "rolled_back"
