@@ -15,7 +15,8 @@ positions filled so far, and the cache is written in place.
 `decoding.make_step_fn` picks this step when it can: torch backend, cached
 decoding, a float32 model, and either float32 weights or Keras' int8
 weights (`model.quantize("int8")`, reproduced here with the same per-row
-activation scales, `torch._int_mm` and the same rescaling as Keras' int8
+activation scales, `torch._int_mm` (float32 products where this CPU's
+`_int_mm` is not exact) and the same rescaling as Keras' int8
 `Dense` and `ReversibleEmbedding`). Anything else (mixed precision, other
 quantization modes, a layer whose weights it does not know) keeps the Keras
 step; `supports(model)` says which, and why.
@@ -77,6 +78,35 @@ def _quantize_rows(x):
     return torch.round(x * scale).clamp_(-127, 127).to(torch.int8), scale
 
 
+_INT_MM_EXACT = None
+
+
+def _int_mm_is_exact():
+    """Whether `torch._int_mm` computes exact int32 sums on this CPU (probed once).
+
+    oneDNN's int8 kernels for CPUs without VNNI (AVX2, AVX-512 without VNNI)
+    add pairs of u8 x s8 products in saturating int16 (`vpmaddubsw`): large
+    values come back wrong by tens of thousands. Keras' own CPU path casts to
+    int32 and is exact, so where the probe fails the products are taken in
+    float32 instead.
+    """
+    global _INT_MM_EXACT
+    if _INT_MM_EXACT is None:
+        import torch
+
+        generator = torch.Generator().manual_seed(0)
+        a = torch.randint(-127, 128, (32, 64), generator=generator, dtype=torch.int8)
+        b = torch.randint(-127, 128, (64, 32), generator=generator, dtype=torch.int8)
+        a[0], b[:, 0] = 127, 127  # the largest same-sign pairs
+        a[1], b[:, 1] = -127, -127
+        exact = a.to(torch.int32) @ b.to(torch.int32)
+        try:
+            _INT_MM_EXACT = bool(torch.equal(torch._int_mm(a, b), exact))
+        except RuntimeError:
+            _INT_MM_EXACT = False
+    return _INT_MM_EXACT
+
+
 def _int8_matmul(x, kernel, kernel_scale, bias=None):
     """`x @ kernel (+ bias)` as Keras' int8 `Dense` computes it: `(xq @ kq) / (x_scale * k_scale)`.
 
@@ -85,7 +115,12 @@ def _int8_matmul(x, kernel, kernel_scale, bias=None):
     import torch
 
     xq, x_scale = _quantize_rows(x)
-    y = torch._int_mm(xq, kernel).to(torch.float32)
+    if _int_mm_is_exact():
+        y = torch._int_mm(xq, kernel).to(torch.float32)
+    else:
+        # int8 x int8 products summed in float32: exact while the sums stay
+        # below 2**24, rounding-level beyond (as Keras' own int8 path on GPU).
+        y = xq.to(torch.float32) @ kernel.to(torch.float32)
     output_scale = x_scale * kernel_scale
     if bias is None:
         return y.div_(output_scale)

@@ -56,6 +56,38 @@ def _run_steps(model, plain, beam_size=2):
     return np.stack(log_probs), caches
 
 
+def _clone(cache):
+    return [[t.clone() for t in layer] for layer in cache]
+
+
+def _teacher_forced_steps(model, beam_size=2):
+    """Log-probs `(STEPS, N, V)` of the Keras and the plain step, each step from the same cache.
+
+    The plain step starts every step from a copy of the Keras step's cache, so
+    a difference in one step (an int8 activation that rounding moves across a
+    .5 boundary) stays in that step instead of following the row's cache.
+    """
+    import torch
+
+    source = _sources()
+    keras_fn, cache = decoding.make_step_fn(model, source, buffer_length=STEPS,
+                                            beam_size=beam_size, plain_torch=False)
+    plain_fn, _ = decoding.make_step_fn(model, source, buffer_length=STEPS,
+                                        beam_size=beam_size, plain_torch=True)
+    rows = source.shape[0] * beam_size
+    tokens = np.ones((rows, STEPS + 1), "int32")
+    tokens[:, 1:] = np.random.default_rng(1).integers(3, VOCAB, (rows, STEPS))
+    tokens = torch.as_tensor(tokens)
+    reference, plain = [], []
+    with torch.no_grad():
+        for index in range(STEPS):
+            plain_log_probs, _ = plain_fn(tokens, _clone(cache), torch.tensor(index))
+            log_probs, cache = keras_fn(tokens, _clone(cache), torch.tensor(index))
+            reference.append(keras.ops.convert_to_numpy(log_probs))
+            plain.append(keras.ops.convert_to_numpy(plain_log_probs))
+    return np.stack(reference), np.stack(plain)
+
+
 @torch_only
 @pytest.mark.parametrize("overrides", [
     {},
@@ -78,19 +110,27 @@ def test_plain_step_equals_the_keras_step(overrides):
 
 
 @torch_only
+@pytest.mark.parametrize("exact_int_mm", [None, False], ids=["probed", "float32-products"])
 @pytest.mark.parametrize("overrides", [{}, {"norm_first": True}], ids=["post", "pre"])
-def test_plain_step_with_int8_weights_follows_keras_int8(overrides):
-    model8 = quantized(_model(**overrides), "int8")
-    reference, _ = _run_steps(model8, plain=False)
-    plain, _ = _run_steps(model8, plain=True)
+def test_plain_step_with_int8_weights_follows_keras_int8(overrides, exact_int_mm):
+    from keras_transformer import torch_step
+
+    torch_step._INT_MM_EXACT = exact_int_mm  # None: probe this CPU
+    try:
+        model8 = quantized(_model(**overrides), "int8")
+        reference, plain = _teacher_forced_steps(model8)
+    finally:
+        torch_step._INT_MM_EXACT = None
     difference = np.abs(plain - reference)
-    # The same int8 arithmetic; an activation that float32 rounding moves
-    # across a .5 boundary changes by one int8 step, so a few values differ.
-    assert difference.mean() < 1e-4 and difference.max() < 0.1
-    assert np.mean(difference < 1e-4) > 0.95
-    # And it is int8, not float32: the float32 model's log-probs differ more.
-    float32, _ = _run_steps(_model(**overrides), plain=True)
-    assert np.abs(float32 - reference).mean() > 10 * difference.mean()
+    # The same int8 arithmetic; an activation that float32 rounding (other
+    # kernels on another CPU) moves across a .5 boundary changes by one int8
+    # step, so a few values of that step differ.
+    assert np.mean(difference < 1e-4) > 0.95, np.mean(difference < 1e-4)
+    # And it is int8, not float32: the float32 model's log-probs differ far
+    # more (and a saturating int8 product far more still).
+    float32 = _teacher_forced_steps(_model(**overrides))[0]
+    gap = np.abs(float32 - reference).mean()
+    assert difference.mean() < 0.05 * gap, (difference.mean(), gap)
 
 
 @torch_only
