@@ -1,5 +1,6 @@
 """Shared test fixtures: seeds, tiny configs, and the local corpora in ../shared/data."""
 
+import contextlib
 import importlib.util
 import os
 import pathlib
@@ -96,6 +97,27 @@ BACKEND_INDEPENDENT_MODULES = {
 BACKEND_DEPENDENT_EXCEPTIONS = {
     "test_data_pipeline.py::test_feeds_model_fit_on_the_current_backend",
 }
+# Slow end-to-end tests (`slow`: whole commands and scripts in subprocesses,
+# minutes each) run under the first backend only, unless marked
+# `every_backend`: what they add per backend (the model, its training step,
+# decoding, saving and loading) is covered under every backend by the fast
+# tests and by the `every_backend` ones (resuming a run, training to
+# memorisation, weights across backends, fitting on tf.data).
+
+# Modules whose module-scoped fixtures are expensive (an export, a trained
+# run) go to one pytest-xdist worker each (`--dist loadgroup`), so that the
+# fixture is built once; test_export.py's export is shared with test_cli.py
+# and test_translate_command.py through `exported()`, so the three are one group.
+XDIST_GROUPS = {
+    "test_export.py": "export",
+    "test_cli.py": "export",
+    "test_translate_command.py": "export",
+    "test_serving_warmup.py": "serving_warmup",
+    "test_ctranslate2.py": "ctranslate2",
+    "test_prepared.py": "prepared",
+    "test_data_demo.py": "data_demo",
+    "test_decoding.py": "decoding",
+}
 SKIP_BACKEND_INDEPENDENT = os.environ.get("KT_SKIP_BACKEND_INDEPENDENT", "") not in ("", "0")
 
 
@@ -104,6 +126,9 @@ def _is_backend_independent(item):
     name = getattr(item, "originalname", None) or item.name
     if item.get_closest_marker("backend_independent") is not None:
         return True  # marked in the test module itself
+    if (item.get_closest_marker("slow") is not None
+            and item.get_closest_marker("every_backend") is None):
+        return True  # the first backend's run stands for the others (above)
     return (module in BACKEND_INDEPENDENT_MODULES
             and f"{module}::{name}" not in BACKEND_DEPENDENT_EXCEPTIONS)
 
@@ -112,6 +137,9 @@ def _is_backend_independent(item):
 def pytest_collection_modifyitems(config, items):
     independent = []
     for item in items:
+        group = XDIST_GROUPS.get(item.path.name)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
         if _is_backend_independent(item):
             item.add_marker(pytest.mark.backend_independent)
             independent.append(item)
@@ -140,11 +168,41 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@contextlib.contextmanager
+def _keeping_tensorflow_caches():
+    """Leaves TensorFlow's eager caches alone while the seeds are set.
+
+    `tf.random.set_seed` (so `keras.utils.set_random_seed`) clears the eager
+    context's caches, so every instantiated function is built again: a
+    module-scoped SavedModel's signature then spends 10-12 s on its first call
+    of every test (measured on 2 cores), the largest cost of the suite. The
+    tests draw TensorFlow random numbers from Keras' stateless ops and
+    explicitly seeded tf.data shuffles only, which the cache does not touch;
+    the seeds are set as before. Where TensorFlow's internals differ, the
+    caches are cleared as usual (slower, same seeds).
+    """
+    try:
+        from tensorflow.python import pywrap_tfe
+    except ImportError:
+        yield
+        return
+    clear = getattr(pywrap_tfe, "TFE_ContextClearCaches", None)
+    if clear is None:
+        yield
+        return
+    pywrap_tfe.TFE_ContextClearCaches = lambda handle: None
+    try:
+        yield
+    finally:
+        pywrap_tfe.TFE_ContextClearCaches = clear
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     import keras
 
-    keras.utils.set_random_seed(1234)
+    with _keeping_tensorflow_caches():
+        keras.utils.set_random_seed(1234)
     np.random.seed(1234)
     yield
 

@@ -7,10 +7,20 @@
 # under the first backend only; the later backends run with
 # KT_SKIP_BACKEND_INDEPENDENT=1, which deselects them. A later backend whose
 # selection is left empty by that (pytest exit 5, only "N deselected") passes:
-# its tests ran under the first backend.
+# its tests ran under the first backend. Slow tests not marked every_backend
+# count as backend-independent (see tests/conftest.py).
+#
+# With pytest-xdist installed (the `test` extra), each run spreads its tests
+# over KT_TEST_WORKERS processes (default: the CPU count, at most 4; 1 turns
+# it off), grouping the modules that share an expensive fixture.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+workers="${KT_TEST_WORKERS:-$(python -c 'import os; print(min(os.cpu_count() or 1, 4))')}"
+parallel=()
+if [ "$workers" -gt 1 ] && python -c 'import xdist' 2>/dev/null; then
+    parallel=(-n "$workers" --dist loadgroup)
+fi
 independent=$(python -c 'import sys; sys.path.insert(0, "tests"); import conftest; print(" ".join(sorted(conftest.BACKEND_INDEPENDENT_MODULES)))' 2>/dev/null) \
     || independent="(see tests/conftest.py)"
 log=$(mktemp)
@@ -28,7 +38,7 @@ for backend in ${KT_BACKENDS:-tensorflow jax torch}; do
     first=0
     start=$SECONDS
     KT_SKIP_BACKEND_INDEPENDENT=$skip KERAS_BACKEND=$backend \
-        python -m pytest -q -p no:cacheprovider --durations=5 "$@" | tee "$log"
+        python -m pytest -q -p no:cacheprovider --durations=5 "${parallel[@]}" "$@" | tee "$log"
     code=${PIPESTATUS[0]}
     echo "=== KERAS_BACKEND=$backend: pytest exit $code in $((SECONDS - start)) s"
     summary=$(tail -n 1 "$log")

@@ -31,6 +31,7 @@ np.savez(f"{work}/logits_{keras.backend.backend()}.npz", from_weights=from_weigh
 
 
 @pytest.mark.slow
+@pytest.mark.every_backend
 def test_weights_load_across_backends(tiny_config, tmp_path):
     this = keras.backend.backend()
     config = tiny_config.replace(position_embedding="learned", share_embeddings=False)

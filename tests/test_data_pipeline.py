@@ -218,6 +218,7 @@ def test_bad_arguments_are_explained(tokenizer, demo_pairs):
 
 
 @pytest.mark.slow
+@pytest.mark.every_backend
 def test_feeds_model_fit_on_the_current_backend(tokenizer, demo_pairs):
     # One bucket, repeated: a single batch shape, so a single compilation.
     dataset = make_dataset(demo_pairs, tokenizer, tokens_per_batch=512, max_length=32,

@@ -176,6 +176,7 @@ def test_fresh_process_with_only_tf_text_matches_translator(export, tmp_path):
     assert np.all(np.isfinite(scores)) and np.all(scores[[14, 15]] == 0.0)
 
 
+@pytest.mark.slow  # int8 per backend: test_quantization.py
 def test_int8_export_matches_the_quantized_translator_in_a_fresh_process(export, tmp_path):
     translator = export["translator"]
     # One traced shape per signature (batch 8, width MAX_LENGTH): the bucket

@@ -269,6 +269,7 @@ def _files(folder):
 
 
 @pytest.mark.slow
+@pytest.mark.every_backend  # resuming a run: the optimizer state of each backend
 def test_continue_a_finished_run_then_complete(small_corpus, tmp_path):
     run_dir = tmp_path / "run"
     output = _train(small_corpus, run_dir, "--train-steps", "20")

@@ -36,6 +36,7 @@ def test_compile_model_uses_the_papers_recipe():
 
 
 @pytest.mark.slow
+@pytest.mark.every_backend
 def test_tiny_model_memorises_64_random_pairs(tiny_config):
     """Sanity check of the whole training path: fit drives token accuracy to >= 0.99.
 
