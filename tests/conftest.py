@@ -70,8 +70,8 @@ def multi30k_head(folder, counts):
 # that sets KERAS_BACKEND itself. They get the `backend_independent` marker,
 # and with KT_SKIP_BACKEND_INDEPENDENT=1 they are deselected, so that
 # run_all_backends.sh runs them under the first backend only. Entries are
-# module file names; BACKEND_DEPENDENT_EXCEPTIONS names the tests of those
-# modules that do use the current backend (they always run).
+# module file names; a test of those modules that does use the current
+# backend is marked `every_backend` (it always runs).
 BACKEND_INDEPENDENT_MODULES = {
     # README text against the argparse parsers and settings.markdown_table().
     "test_readme.py",
@@ -93,9 +93,6 @@ BACKEND_INDEPENDENT_MODULES = {
     # Every test runs its models in subprocesses with KERAS_BACKEND set
     # explicitly (tensorflow for tf.distribute, jax for data parallelism).
     "test_distributed.py",
-}
-BACKEND_DEPENDENT_EXCEPTIONS = {
-    "test_data_pipeline.py::test_feeds_model_fit_on_the_current_backend",
 }
 # Slow end-to-end tests (`slow`: whole commands and scripts in subprocesses,
 # minutes each) run under the first backend only, unless marked
@@ -122,15 +119,13 @@ SKIP_BACKEND_INDEPENDENT = os.environ.get("KT_SKIP_BACKEND_INDEPENDENT", "") not
 
 
 def _is_backend_independent(item):
-    module = item.path.name
-    name = getattr(item, "originalname", None) or item.name
+    if item.get_closest_marker("every_backend") is not None:
+        return False
     if item.get_closest_marker("backend_independent") is not None:
         return True  # marked in the test module itself
-    if (item.get_closest_marker("slow") is not None
-            and item.get_closest_marker("every_backend") is None):
+    if item.get_closest_marker("slow") is not None:
         return True  # the first backend's run stands for the others (above)
-    return (module in BACKEND_INDEPENDENT_MODULES
-            and f"{module}::{name}" not in BACKEND_DEPENDENT_EXCEPTIONS)
+    return item.path.name in BACKEND_INDEPENDENT_MODULES
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selection, so the marker is usable there
@@ -183,11 +178,9 @@ def _keeping_tensorflow_caches():
     """
     try:
         from tensorflow.python import pywrap_tfe
-    except ImportError:
-        yield
-        return
-    clear = getattr(pywrap_tfe, "TFE_ContextClearCaches", None)
-    if clear is None:
+
+        clear = pywrap_tfe.TFE_ContextClearCaches
+    except (ImportError, AttributeError):
         yield
         return
     pywrap_tfe.TFE_ContextClearCaches = lambda handle: None
