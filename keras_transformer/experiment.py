@@ -19,7 +19,7 @@ import itertools
 import logging
 import os
 import pathlib
-import shutil
+import re
 import time
 
 import keras
@@ -55,7 +55,14 @@ def load_settings(given=None, given_model=None, config_file=None):
         output_dir = default_output_dir(merged.get("data", defaults["data"].default),
                                         merged.get("preset", defaults["preset"].default))
         given["output_dir"] = output_dir
-    saved = runs.RunFolder(output_dir).read_json(runs.SETTINGS_FILE)
+    run = runs.RunFolder(output_dir)
+    saved = run.read_json(runs.SETTINGS_FILE)
+    if saved is not None:
+        try:
+            resolve(saved=saved)
+        except (SettingsError, TypeError, ValueError) as error:
+            raise runs.RunError(f"{run.settings_file} is damaged: {error}; restore it, or "
+                                "start a new --output-dir") from None
     data = merged.get("data") or (saved or {}).get("data")
     if data and "vocab_size" not in merged:
         from keras_transformer.data import prepared
@@ -188,7 +195,9 @@ def prepare_tokenizer(settings, run, corpus):
     """
     from keras_transformer import data as kt_data
 
-    if run.tokenizer_file.is_file():
+    if run.tokenizer_file.is_file() or (run / runs.VOCABULARY_INFO_FILE).is_file():
+        # A damaged copy is restored from the corpus it came from, or named.
+        run.restore_tokenizer(candidates=[corpus.tokenizer_file])
         if run.tokenizer_hash() != corpus.tokenizer_sha256:
             raise runs.RunError(
                 f"{run.tokenizer_file} differs from the vocabulary of the prepared corpus "
@@ -205,8 +214,9 @@ def prepare_tokenizer(settings, run, corpus):
                     f"--init-from {settings.init_from}: its vocabulary differs from the "
                     f"prepared corpus {corpus.directory}'s; let the job prepare --data "
                     "with it (name the text folder, not a prepared one)")
-        run.root.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(corpus.tokenizer_file, run.tokenizer_file)
+        runs.write_bytes(run.tokenizer_file, corpus.tokenizer_file.read_bytes())
+    if not (run / runs.VOCABULARY_INFO_FILE).is_file():
+        run.record_tokenizer(corpus.tokenizer_file)
     tokenizer = kt_data.Tokenizer.load(run.tokenizer_file)
     logger.info(f"Tokenizer {run.tokenizer_file} (vocabulary {tokenizer.vocabulary_size()})")
     return tokenizer
@@ -447,7 +457,8 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     Callbacks (`keras_transformer.run_callbacks`) write checkpoints, backups,
     the log, TensorBoard and the best validation BLEU's weights.
     """
-    from keras_transformer.run_callbacks import StateSaver, TrainingLog, UpdateClock, Validator
+    from keras_transformer.run_callbacks import (DivergenceCheck, SignalStop, StateSaver,
+                                                 TrainingLog, UpdateClock, Validator)
     from keras_transformer.training import TrainingTimer
 
     s = settings
@@ -455,22 +466,38 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     clock = UpdateClock(start_update, s.grad_accum_steps)
     record = {}
     sources, references = bleu_sample
+    log = TrainingLog(run, clock, every=s.log_every, total_updates=s.train_steps,
+                      target_tokens_per_update=tokens_per_update, record=record,
+                      validate_every=s.validate_every)
+    saver = StateSaver(run, clock, checkpoint_every=s.checkpoint_every, keep=s.average_last,
+                       backup_minutes=s.backup_minutes)
+    divergence = DivergenceCheck(clock, log, saver, vocab_size=model.config.vocab_size,
+                                 enabled=s.divergence_check)
+    stop = SignalStop(saver, clock)
     callbacks = [
         clock,
         Validator(run, clock, every=s.validate_every, dataset=valid_ds,
                   translator=translator if s.validation_bleu_sentences else None,
                   sources=sources, references=references, record=record),
-        TrainingLog(run, clock, every=s.log_every, total_updates=s.train_steps,
-                    target_tokens_per_update=tokens_per_update, record=record,
-                    validate_every=s.validate_every),
-        StateSaver(run, clock, checkpoint_every=s.checkpoint_every, keep=s.average_last,
-                   backup_minutes=s.backup_minutes),
-        keras.callbacks.TerminateOnNaN(),
+        log,
+        divergence,  # before the saver: a diverged update is not saved
+        saver,
+        stop,
     ]
     timer = TrainingTimer()
     logger.info(f"Training updates {start_update + 1}-{s.train_steps} ({remaining} updates)")
-    model.fit(train_ds, epochs=1, steps_per_epoch=remaining * s.grad_accum_steps,
-              shuffle=False, callbacks=callbacks + [timer], verbose=0)
+    try:
+        model.fit(train_ds, epochs=1, steps_per_epoch=remaining * s.grad_accum_steps,
+                  shuffle=False, callbacks=callbacks + [timer], verbose=0)
+    except runs.WriteError as error:
+        raise runs.RunError(f"{error}; {run.newest_state_text()}. Free space (or fix the "
+                            "folder) and run the same command to continue") from None
+    finally:
+        stop.restore_handlers()
+    if divergence.diverged is not None:
+        raise _diverged(run, divergence)
+    if stop.signal_number is not None:
+        raise TrainingStopped(stop.signal_number, stop.backup)
     final_update = clock.update
     report = FitReport(
         start_update=start_update, final_update=final_update, seconds=timer.elapsed,
@@ -481,6 +508,46 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
                 f"({report.steps} updates this run, {report.tokens_per_second:.0f} target "
                 f"tokens/s in training steps, peak memory {report.peak_memory_mib:.0f} MiB)")
     return report
+
+
+class TrainingStopped(runs.RunError):
+    """`fit` stopped on a signal (`SignalStop`), its last update backed up.
+
+    Attributes:
+        exit_status: 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
+    """
+
+    def __init__(self, signal_number, backup):
+        import signal
+
+        self.exit_status = 128 + signal_number
+        name = signal.Signals(signal_number).name
+        if backup is None:
+            message = f"stopped by {name}; nothing was written on the way out"
+        else:
+            update, path = backup
+            message = (f"stopped by {name} after update {update}, backed up in {path}; run "
+                       "the same command to continue from it")
+        super().__init__(message)
+
+
+def _diverged(run, divergence):
+    """The `RunError` of a diverged run, after setting aside the states written since."""
+    update, loss, reason = divergence.diverged
+    good = divergence.last_good
+    run.roll_back_to(good)  # moves later states and log rows aside, deletes nothing
+    newest = run.newest_state_text()
+    if "newest good state" in newest:
+        newest = newest.replace("the newest good state is ", "the newest state before it is ")
+        again = "continue from that state"
+    else:
+        newest = "no state was written before it"
+        again = "start again from update 0"
+    return runs.RunError(
+        f"training diverged at update {update}: loss {loss:.4g}, {reason}; {newest}, and "
+        f"what was written after update {good} is set aside in {runs.ROLLED_BACK_DIR}/. "
+        f"Nothing was exported. Lower --learning-rate-factor and run again to {again}, or "
+        "turn this check off with --no-divergence-check")
 
 
 def _fit_checking_shards(corpus, *args, **kwargs):
@@ -521,7 +588,7 @@ def finalize_weights(model, run, settings):
             used = (f"the average of {len(checkpoints)} checkpoints "
                     f"({', '.join(p.name for p in checkpoints)})")
     elif settings.final_weights == "best":
-        best = run.read_json(runs.BEST_INFO_FILE)
+        best = run.read_best()
         if best is not None and (run / runs.BEST_FILE).is_file():
             runs.load_model_weights(model, run / runs.BEST_FILE)
             used = f"the best validation BLEU's ({best['bleu']:.2f} at update {best['update']})"
@@ -543,26 +610,63 @@ def evaluate_test(translator, run, settings, corpus):
                          progress=bool(settings.verbose), verbose=bool(settings.verbose))
 
 
+def _what_failed(error):
+    if isinstance(error, runs.WriteError):
+        return str(error)
+    reason = os.strerror(error.errno) if getattr(error, "errno", None) else str(error)
+    where = f" {error.filename}" if getattr(error, "filename", None) else ""
+    return f"writing{where} failed: {reason}"
+
+
 def export_run(translator, run, settings):
-    """Stage 9: the TF Serving SavedModel, named after the run folder."""
+    """Stage 9: the TF Serving SavedModel, named after the run folder.
+
+    Raises:
+        runs.WriteError: the export could not be written (its partial folder
+            is removed; earlier versions are untouched).
+    """
     if not settings.export_dir:
         return None
+    import tensorflow as tf
+
     from keras_transformer.export import export_saved_model
 
     name = settings.model_name or run.root.resolve().name
     # serving_default is a beam search; translate_greedy is there as well.
-    path = export_saved_model(translator, settings.export_dir, model_name=name,
-                              beam_size=max(2, settings.beam_size))
+    try:
+        path = export_saved_model(translator, settings.export_dir, model_name=name,
+                                  beam_size=max(2, settings.beam_size))
+    except (OSError, tf.errors.OpError) as error:
+        raise runs.WriteError(settings.export_dir, _as_os_error(error),
+                              f"writing the SavedModel under {settings.export_dir}/{name}") \
+            from error
     logger.info(f"Exported the SavedModel for TF Serving -> {path}")
     return path
+
+
+def _as_os_error(error):
+    """An `OSError` for a TensorFlow file error (its message carries no errno)."""
+    if isinstance(error, OSError):
+        return error
+    message = getattr(error, "message", str(error)).splitlines()[0]
+    # TensorFlow's op context: "{{function_node ...}} " and " [Op:SaveV2]".
+    message = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:\w+\]", "", message)
+    return OSError(message)
 
 
 # --- the job -----------------------------------------------------------------------
 
 
 def _check_config(run, config):
-    """Writes config.json for a new run; for a continued one, says what changed."""
-    saved = run.read_config()
+    """Writes config.json for a new run; for a continued one, says what changed.
+
+    A damaged config.json is written again (it is derived from the settings).
+    """
+    try:
+        saved = run.read_config()
+    except runs.RunError as error:
+        logger.warning(f"{error}: writing it again from the settings")
+        saved = None
     if saved is not None and saved != config:
         changed = {k: (v, getattr(config, k)) for k, v in saved.to_dict().items()
                    if v != getattr(config, k)}
@@ -637,11 +741,18 @@ def _train_in(run, settings, corpus):
                     "(final weights, test, export)")
         tokens_per_update = None
 
-    final_weights = finalize_weights(model, run, s)
-    plot_training(run.log_file, run / runs.PLOT_FILE)
-    translator = translator or Translator(model, tokenizer, s.decoding_options())
-    result = evaluate_test(translator, run, s, corpus)
-    export_path = export_run(translator, run, s)
+    try:
+        final_weights = finalize_weights(model, run, s)
+        plot_training(run.log_file, run / runs.PLOT_FILE)
+        translator = translator or Translator(model, tokenizer, s.decoding_options())
+        result = evaluate_test(translator, run, s, corpus)
+        export_path = export_run(translator, run, s)
+    except (runs.WriteError, OSError) as error:
+        update = report.final_update if report else start
+        raise runs.RunError(
+            f"{_what_failed(error)}; training is complete at update {update} and "
+            f"{run.newest_state_text()}. Free space (or fix the folder) and run the same "
+            "command to finish the run (final weights, test, export)") from None
 
     # The lines evaluate_bleu translated (blank ones included), so samples align.
     sources, references = (read_lines(p) for p in corpus.text_paths(s.eval_split))
@@ -666,7 +777,11 @@ def _train_in(run, settings, corpus):
         "saved_model": str(export_path) if export_path else None,
         "settings": s.to_dict(),
     }
-    run.write_json(runs.RESULTS_FILE, summary)
+    try:
+        run.write_json(runs.RESULTS_FILE, summary)
+    except runs.WriteError as error:
+        raise runs.RunError(f"{error}; the run is otherwise complete: run the same command "
+                            "to write it") from None
     logger.info(f"{'Test' if s.eval_split == 'test' else 'Validation'} BLEU "
                 f"{result.bleu:.2f}, chrF {result.chrf:.2f}; results in "
                 f"{run.results_file}")

@@ -14,14 +14,21 @@ all variables) and act at the same updates whatever the resume point:
 - `StateSaver`: checkpoints every `checkpoint_every` updates (the last K are
   kept for averaging), and backups (weights + optimizer) at each checkpoint,
   every `backup_minutes` and at the end.
+- `DivergenceCheck`: stops a run whose loss is non-finite, or far above what
+  a model can reach for several logged updates (see its docstring).
+- `SignalStop`: on SIGTERM or SIGINT, finishes the update in progress, backs
+  it up and stops `fit` (a preemption notice, Ctrl-C).
 
-Only the chief worker writes files under `MultiWorkerMirroredStrategy`.
+Only the chief worker writes files under `MultiWorkerMirroredStrategy`. A
+write that fails raises `runs.WriteError` (no partial file is left).
 """
 
 import csv
 import logging
 import math
 import os
+import signal
+import threading
 import time
 
 import keras
@@ -92,19 +99,31 @@ class StateSaver(keras.callbacks.Callback):
         self.chief = is_chief()
         self._last_backup_time = None
         self._last_backup_update = None
+        self.halted = False  # set by `halt`: nothing more is written
+        self.writing = None  # the file being written, while it is
 
     def on_train_begin(self, logs=None):
         self._last_backup_time = time.monotonic()
         self._last_backup_update = self.clock.update
 
-    def _save(self, path):
-        return runs.write_atomically(path, self.model.save_weights)
+    def halt(self):
+        """Writes nothing more in this `fit` (a diverged run, or one already backed up)."""
+        self.halted = True
+
+    def _save(self, path, what):
+        self.writing = path
+        try:
+            return runs.save_weights(self.model, path, what=what)
+        finally:
+            self.writing = None
 
     def backup(self):
+        """Backs up the current update (once); returns its path, or None if not written now."""
         update = self.clock.update
         if not self.chief or update == self._last_backup_update:
             return None
-        path = self._save(self.run.backup_path(update))
+        path = self._save(self.run.backup_path(update), f"writing the backup of update "
+                          f"{update} ({runs.BACKUP_DIR}/{self.run.backup_path(update).name})")
         for _, old in self.run.backups()[:-self.keep_backups]:
             os.remove(old)
         self._last_backup_time, self._last_backup_update = time.monotonic(), update
@@ -115,13 +134,15 @@ class StateSaver(keras.callbacks.Callback):
         update = self.clock.update
         if not self.chief:
             return None
-        path = self._save(self.run.checkpoint_path(update))
+        path = self._save(self.run.checkpoint_path(update), f"writing the checkpoint of "
+                          f"update {update} ({runs.CHECKPOINT_DIR}/"
+                          f"{self.run.checkpoint_path(update).name})")
         for _, old in self.run.checkpoints()[:-self.keep]:
             os.remove(old)
         return path
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self.clock.stepped:
+        if not self.clock.stepped or self.halted:
             return
         update = self.clock.update
         if update % self.checkpoint_every == 0:
@@ -133,7 +154,7 @@ class StateSaver(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         update = self.clock.update
-        if update != self._last_backup_update:
+        if update != self._last_backup_update and not self.halted:
             if not any(step == update for step, _ in self.run.checkpoints()):
                 self.checkpoint()
             self.backup()
@@ -159,7 +180,7 @@ class Validator(keras.callbacks.Callback):
         self.dataset, self.translator = dataset, translator
         self.sources, self.references = list(sources), list(references)
         self.record = record if record is not None else {}
-        best = run.read_json(runs.BEST_INFO_FILE) or {}
+        best = run.read_best() or {}
         self.best_bleu = best.get("bleu")
         self.chief = is_chief()
 
@@ -184,7 +205,8 @@ class Validator(keras.callbacks.Callback):
             values["val_bleu"] = float(bleu)
             if self.best_bleu is None or bleu > self.best_bleu:
                 self.best_bleu = float(bleu)
-                runs.write_atomically(self.run / runs.BEST_FILE, self.model.save_weights)
+                runs.save_weights(self.model, self.run / runs.BEST_FILE,
+                                  what=f"writing the best weights ({runs.BEST_FILE})")
                 self.run.write_json(runs.BEST_INFO_FILE, dict(update=update, bleu=float(bleu)))
         values["val_seconds"] = time.perf_counter() - start
         self.record.update(values)
@@ -227,6 +249,7 @@ class TrainingLog(keras.callbacks.Callback):
         self.validate_every = validate_every
         self.chief = is_chief()
         self._writer = None
+        self.last_row = None  # the newest row written, for `DivergenceCheck`
 
     def on_train_begin(self, logs=None):
         self._start = self._last_time = time.monotonic()
@@ -305,16 +328,39 @@ class TrainingLog(keras.callbacks.Callback):
         if remaining > 0 and math.isfinite(eta):
             message += f"  ETA {_duration(eta)}"
         logger.info(message)
+        self.last_row = row
         if not self.chief:
             return
-        new_file = not self.run.log_file.is_file()
-        with open(self.run.log_file, "a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=self.COLUMNS)
-            if new_file:
-                writer.writeheader()
-            writer.writerow({k: ("" if v is None or (isinstance(v, float) and math.isnan(v))
-                                 else v) for k, v in row.items()})
-        self._write_scalars(update, row)
+        self._append_row(row)
+        try:
+            self._write_scalars(update, row)
+        except (OSError, RuntimeError) as error:
+            raise runs.WriteError(self.run / runs.TENSORBOARD_DIR, error,
+                                  f"writing TensorBoard events ({runs.TENSORBOARD_DIR}/)") \
+                from error
+
+    def _append_row(self, row):
+        """Appends a CSV row; a failed write is cut off again (no half row is left)."""
+        path = self.run.log_file
+        size = path.stat().st_size if path.is_file() else None
+        try:
+            with open(path, "a", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=self.COLUMNS)
+                if size is None:
+                    writer.writeheader()
+                writer.writerow({k: ("" if v is None or (isinstance(v, float) and
+                                                         math.isnan(v)) else v)
+                                 for k, v in row.items()})
+        except OSError as error:
+            try:
+                if size is None:
+                    os.remove(path)
+                else:
+                    os.truncate(path, size)
+            except OSError:
+                pass
+            raise runs.WriteError(path, error, f"writing the training log ({path.name})") \
+                from error
 
     def _write_scalars(self, update, row):
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -331,6 +377,154 @@ class TrainingLog(keras.callbacks.Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+class DivergenceCheck(keras.callbacks.Callback):
+    """Stops a run whose training loss diverged, before it writes more states.
+
+    The rule: the loss of a batch is not finite; or the loss of `patience`
+    consecutive log rows (`TrainingLog`, one every `log_every` updates) is
+    above `factor` x ln(vocabulary size). A model that predicts the uniform
+    distribution has loss ln V (label smoothing does not change that), and a
+    freshly initialised one about ln V + 0.5, so training that works never
+    stays above 2 ln V; a learning rate far too large takes it there within a
+    few hundred updates (the tiny preset with `--learning-rate-factor 1e6`:
+    1e6, then 1.5e7 ...). With `enabled=False` only a non-finite loss stops
+    the run (training on NaN weights cannot recover).
+
+    When it fires, `diverged` holds `(update, loss, reason)` and `last_good`
+    the newest logged update whose loss passed the rule (or the update `fit`
+    started from), `fit` stops, and the `StateSaver` writes nothing more.
+
+    Args:
+        clock: the `UpdateClock`.
+        log: the `TrainingLog` (its rows are what the rule reads).
+        saver: the `StateSaver`, halted when the loss diverges.
+        vocab_size: V.
+        factor: the multiple of ln V above which a row counts.
+        patience: consecutive rows above it that stop the run.
+        enabled: apply the ln V rule (the non-finite check always applies).
+    """
+
+    FACTOR = 2.0
+    PATIENCE = 3
+
+    def __init__(self, clock, log, saver, *, vocab_size, factor=FACTOR, patience=PATIENCE,
+                 enabled=True):
+        super().__init__()
+        self.clock, self.log, self.saver = clock, log, saver
+        self.vocab_size = vocab_size
+        self.limit = factor * math.log(max(vocab_size, 2))
+        self.factor, self.patience, self.enabled = factor, patience, enabled
+        self.diverged = None
+        self.last_good = None
+        self._streak = 0
+        self._seen = None
+
+    def on_train_begin(self, logs=None):
+        self.last_good = self.clock.update
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.diverged is not None:
+            return
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            # Keras' batch loss is a running mean: one non-finite batch shows.
+            self._stop(self.clock.update, float(loss), "the loss is not finite")
+            return
+        row = self.log.last_row
+        if row is None or row is self._seen:
+            return
+        self._seen = row
+        row_loss = row.get("loss")
+        if row_loss is None or math.isnan(row_loss):
+            return  # no training batch since the last row (a validation row)
+        if self.enabled and row_loss > self.limit:
+            self._streak += 1
+            if self._streak >= self.patience:
+                self._stop(row["step"], row_loss,
+                           f"above {self.limit:.1f} ({self.factor:g} x ln {self.vocab_size}) "
+                           f"for {self._streak} logged updates in a row")
+        else:
+            self._streak = 0
+            self.last_good = row["step"]
+
+    def _stop(self, update, loss, reason):
+        self.diverged = (update, loss, reason)
+        self.saver.halt()
+        self.model.stop_training = True
+
+
+class SignalStop(keras.callbacks.Callback):
+    """Stops `fit` cleanly on SIGTERM or SIGINT, with a backup of the last update.
+
+    A cloud VM's or a batch scheduler's preemption notice (SIGTERM) or Ctrl-C
+    (SIGINT) during `fit` lets the update in progress finish (all its
+    micro-batches); then the `StateSaver` writes a backup of that update
+    (atomically, as always), nothing else is written, `fit` stops, and
+    `signal_number` holds the signal: the job then exits with status
+    128 + its number (143, 130). A second signal before that backup is
+    complete exits at once with the same status, removing the backup's
+    partial file: the states written before stay as they were.
+
+    The handlers are installed for the duration of `fit` (main thread only)
+    and the previous ones put back at its end, or by `restore_handlers`.
+
+    Args:
+        saver: the `StateSaver`.
+        clock: the `UpdateClock`.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, saver, clock):
+        super().__init__()
+        self.saver, self.clock = saver, clock
+        self.signal_number = None
+        self.backup = None  # (update, path) of the backup written on the signal
+        self._previous = {}
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for number in self.SIGNALS:
+            self._previous[number] = signal.signal(number, self._handle)
+
+    def _handle(self, number, frame):
+        if self.signal_number is not None:  # the second one: leave now
+            writing = self.saver.writing
+            if writing is not None:
+                try:
+                    os.remove(runs.partial_path(writing))
+                except OSError:
+                    pass
+            os.write(2, (f"{signal.Signals(number).name} again: exiting at once; the "
+                         "states written before are intact\n").encode())
+            os._exit(128 + number)
+        self.signal_number = number
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.signal_number is None or not self.clock.stepped or \
+                self.model.stop_training:
+            return
+        update = self.clock.update
+        path = None
+        if not self.saver.halted:
+            path = self.saver.backup() or self.saver.run.backup_path(update)
+            self.backup = (update, path)
+        self.saver.halt()
+        self.model.stop_training = True
+        name = signal.Signals(self.signal_number).name
+        where = f"backup at update {update}: {path}" if path else "nothing written"
+        logger.warning(f"{name} received: stopped after update {update} ({where})")
+
+    def on_train_end(self, logs=None):
+        self.restore_handlers()
+
+    def restore_handlers(self):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
 
 
 def _duration(seconds):

@@ -8,10 +8,12 @@ evaluation, translation and export agree on its names (fairseq's
       settings.json          the resolved settings (`keras_transformer.settings`)
       config.json            the model's `TransformerConfig`
       spm.model              the shared SentencePiece vocabulary
+      vocabulary.json        its sha256 and the prepared corpus it was copied from
       backup/                state-<update>.weights.h5: weights + optimizer, for resuming
       checkpoints/           ckpt-<update>.weights.h5: the last K, for averaging
       */rolled_back/         files of an abandoned trajectory (never averaged or resumed)
       */damaged/             unreadable state files, set aside when the run fell back
+      damaged/spm.model      a damaged vocabulary, set aside when it was restored
       best.weights.h5        the weights of the best validation BLEU (+ best.json)
       averaged.weights.h5    the average of the last K checkpoints
       model.keras            the final model (the `final_weights` setting)
@@ -29,12 +31,24 @@ a killed process leaves no half-written file under a state name; a file
 damaged afterwards is detected when read: the run falls back to the newest
 readable state, naming the damaged file and moving it to `damaged/`, or,
 when none is readable, stops with a message and changes nothing.
+
+Writes never crash the process and never leave a partial file: weights are
+serialised in memory first (HDF5 that hits a full disk halfway leaves the
+library in a state that crashes the interpreter), then written under the
+temporary name; any failure removes that file and raises `WriteError`, which
+names what was being written and why. The files a command reads (`spm.model`,
+`config.json`, `settings.json`, `model.keras`, `best.json`) are checked as
+they are read: a damaged one is a `RunError` naming it; a damaged `spm.model`
+is restored from the prepared corpus it was copied from when its sha256 is
+the one the run recorded (`vocabulary.json`).
 """
 
 import contextlib
 import csv
 import dataclasses
+import errno
 import hashlib
+import io
 import json
 import logging
 import os
@@ -51,6 +65,7 @@ MODEL_FILE = "model.keras"
 AVERAGED_FILE = "averaged.weights.h5"
 BEST_FILE = "best.weights.h5"
 BEST_INFO_FILE = "best.json"
+VOCABULARY_INFO_FILE = "vocabulary.json"
 RESULTS_FILE = "results.json"
 LOG_FILE = "training_log.csv"
 ROLLED_BACK_LOG_FILE = "training_log.rolled_back.csv"
@@ -70,6 +85,27 @@ logger = logging.getLogger("keras_transformer")
 
 class RunError(Exception):
     """A run folder that cannot be used as asked; the message says why and what to do."""
+
+
+class WriteError(RunError):
+    """Writing a file failed (a full disk, a lost mount, no permission).
+
+    Attributes:
+        path: the file that was being written.
+        error: the underlying exception.
+    """
+
+    def __init__(self, path, error, what=None):
+        self.path, self.error = pathlib.Path(path), error
+        reason = (os.strerror(error.errno) if isinstance(error, OSError) and error.errno
+                  else str(error).splitlines()[0] if str(error) else type(error).__name__)
+        self.what = what or f"writing {self.path}"
+        super().__init__(f"{self.what} failed: {reason}")
+
+    @property
+    def disk_full(self):
+        return isinstance(self.error, OSError) and self.error.errno in (
+            errno.ENOSPC, errno.EDQUOT)
 
 
 def hypotheses_file(split):
@@ -94,14 +130,93 @@ def list_checkpoints(directory):
     return [(step, str(path)) for step, path in _numbered(directory, _CHECKPOINT_PATTERN)]
 
 
-def write_atomically(path, write):
-    """Calls `write(temporary_path)` then renames the result to `path`."""
+def partial_path(path):
+    """The temporary name `write_atomically` writes `path` under."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".partial-{path.name}")
-    write(str(partial))
-    os.replace(partial, path)
+    return path.with_name(f".partial-{path.name}")
+
+
+def write_atomically(path, write, what=None):
+    """Calls `write(temporary_path)` then renames the result to `path`.
+
+    A failure (an `OSError` such as a full disk, or any error of `write`)
+    removes the temporary file and raises `WriteError`; `path` keeps its
+    previous content, if any.
+
+    Args:
+        path: the file to write.
+        write: `write(temporary_path)` writes the whole file.
+        what: what is written, for the error message (default the path).
+    """
+    path = pathlib.Path(path)
+    partial = partial_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(str(partial))
+        os.replace(partial, path)
+    except Exception as error:  # noqa: BLE001 (any failure: clean up, then say it)
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        if isinstance(error, WriteError):
+            raise
+        raise WriteError(path, error, what) from error
     return path
+
+
+def write_bytes(path, data, what=None):
+    """Writes `data` to `path` atomically, flushed to disk (`fsync`) before the rename."""
+    def write(tmp):
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    return write_atomically(path, write, what)
+
+
+def weights_bytes(model):
+    """The bytes `model.save_weights` would write (weights + optimizer), made in memory.
+
+    HDF5 writing straight to a disk that fills up leaves the library in a
+    state in which freeing its objects crashes the interpreter (measured:
+    a segmentation fault after "No space left on device"); in memory it
+    cannot meet a full disk, and the bytes are then written with plain file
+    I/O, whose errors are ordinary exceptions.
+    """
+    from keras.src.saving import saving_lib
+
+    buffer = io.BytesIO()
+    store = saving_lib.H5IOStore(buffer, mode="w")
+    try:
+        saving_lib._save_state(model, weights_store=store, assets_store=None,
+                               inner_path="", visited_saveables=set())
+    finally:
+        store.close()
+    return buffer.getvalue()
+
+
+def save_weights(model, path, what=None):
+    """`model.save_weights(path)`, atomically, made in memory first (see `weights_bytes`).
+
+    Raises:
+        WriteError: the file could not be written; no partial file is left.
+    """
+    try:
+        data = weights_bytes(model)
+    except (ImportError, AttributeError, TypeError):
+        # Keras moved its saving internals: write through its public API.
+        return write_atomically(path, model.save_weights, what)
+    return write_bytes(path, data, what)
+
+
+def _unused_name(path):
+    """`path`, or `path.1`, `path.2` ... the first that does not exist."""
+    path = pathlib.Path(path)
+    candidate, number = path, 0
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.name}.{number}")
+    return candidate
 
 
 def file_sha256(path):
@@ -243,25 +358,146 @@ class RunFolder:
     # --- settings and config -------------------------------------------------
 
     def read_json(self, name):
+        """The dict a JSON file of the run holds, `None` without the file.
+
+        Raises:
+            RunError: the file is not a JSON object (truncated, overwritten).
+        """
         path = self.root / name
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text())
-        except ValueError as error:
-            raise RunError(f"{path} is not valid JSON ({error}); restore it or start "
-                           "a new --output-dir") from None
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise RunError(f"{path} is damaged: not valid JSON ({error}); restore it or "
+                           "start a new --output-dir") from None
+        if not isinstance(values, dict):
+            raise RunError(f"{path} is damaged: it holds a {type(values).__name__}, not a "
+                           "JSON object; restore it or start a new --output-dir")
+        return values
 
     def write_json(self, name, values):
         text = json.dumps(values, indent=2, sort_keys=False) + "\n"
-        return write_atomically(self.root / name,
-                                lambda tmp: pathlib.Path(tmp).write_text(text))
+        return write_bytes(self.root / name, text.encode("utf-8"))
 
     def read_config(self):
+        """The run's `TransformerConfig` (`config.json`), `None` without the file."""
         from keras_transformer.config import TransformerConfig
 
         values = self.read_json(CONFIG_FILE)
-        return None if values is None else TransformerConfig.from_dict(values)
+        if values is None:
+            return None
+        try:
+            return TransformerConfig.from_dict(values)
+        except (TypeError, ValueError, KeyError) as error:
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise RunError(f"{self.config_file} is damaged: not a model configuration "
+                           f"({message}); restore it or start a new --output-dir") from None
+
+    def read_best(self):
+        """`best.json` (`{"update": int, "bleu": float}`), `None` without the file."""
+        best = self.read_json(BEST_INFO_FILE)
+        if best is None:
+            return None
+        if not (isinstance(best.get("update"), int) and not isinstance(best["update"], bool)
+                and isinstance(best.get("bleu"), (int, float))):
+            raise RunError(f"{self.root / BEST_INFO_FILE} is damaged: expected "
+                           f'{{"update": <int>, "bleu": <number>}}, found {best!r}; delete it '
+                           f"and {BEST_FILE} to measure the best weights afresh")
+        return best
+
+    # --- the vocabulary ----------------------------------------------------------
+
+    def record_tokenizer(self, source):
+        """Writes `vocabulary.json`: `spm.model`'s sha256 and the file it was copied from."""
+        self.write_json(VOCABULARY_INFO_FILE, dict(
+            sha256=file_sha256(self.tokenizer_file),
+            source=str(pathlib.Path(source).resolve())))
+
+    def tokenizer_problem(self):
+        """Why `spm.model` cannot be used (a string), or `None` when it is intact.
+
+        Intact means: a SentencePiece model with this package's special ids
+        and, when the run recorded its sha256 (`vocabulary.json`), that sha256.
+        """
+        from keras_transformer.data.tokenizer import check_model_proto
+
+        path = self.tokenizer_file
+        if not path.is_file():
+            return "missing"
+        recorded = (self.read_json(VOCABULARY_INFO_FILE) or {}).get("sha256")
+        if recorded and file_sha256(path) != recorded:
+            return f"its sha256 is not the {recorded[:12]}... that {VOCABULARY_INFO_FILE} recorded"
+        try:
+            check_model_proto(path.read_bytes())
+        except ValueError as error:
+            return str(error)
+        return None
+
+    def restore_tokenizer(self, say=None, candidates=()):
+        """Checks `spm.model`; restores a damaged one from its recorded source.
+
+        A damaged file (see `tokenizer_problem`) is replaced by the prepared
+        corpus's `spm.model` it was copied from (or one of `candidates`) when
+        that file's sha256 is the one the run recorded; the damaged file is
+        moved to `damaged/`.
+
+        Returns:
+            The path of the (intact) `spm.model`.
+
+        Raises:
+            RunError: it is damaged and cannot be restored; the message says how.
+        """
+        say = say or logger.warning
+        problem = self.tokenizer_problem()
+        if problem is None:
+            return self.tokenizer_file
+        info = self.read_json(VOCABULARY_INFO_FILE) or {}
+        recorded, source = info.get("sha256"), info.get("source")
+        for candidate in [source, *candidates]:
+            if recorded and candidate and pathlib.Path(candidate).is_file() \
+                    and file_sha256(candidate) == recorded:
+                source = str(candidate)
+                break
+        if recorded and source and pathlib.Path(source).is_file() \
+                and file_sha256(source) == recorded:
+            if self.tokenizer_file.exists():
+                target = _unused_name(self.root / DAMAGED_DIR / TOKENIZER_FILE)
+                target.parent.mkdir(exist_ok=True)
+                os.replace(self.tokenizer_file, target)
+                moved = f"; the damaged file is now {target}"
+            else:
+                moved = ""
+            write_bytes(self.tokenizer_file, pathlib.Path(source).read_bytes())
+            say(f"{self.tokenizer_file} was damaged ({problem}): restored it from {source}, "
+                f"whose sha256 is the one the run recorded{moved}.")
+            return self.tokenizer_file
+        if recorded:
+            how = (f"copy back the spm.model whose sha256 is {recorded} (the run copied it "
+                   f"from {source or 'its prepared corpus'}, which "
+                   f"{'is gone' if not source or not pathlib.Path(source).is_file() else 'now holds another vocabulary'})")
+        else:
+            how = ("copy back the spm.model of the prepared corpus the run was trained on "
+                   "(this run recorded no sha256 to check it against)")
+        raise RunError(f"{self.tokenizer_file} is damaged ({problem}); {how}")
+
+    def load_tokenizer(self, say=None):
+        """The run's `Tokenizer`, its `spm.model` checked (and restored) first."""
+        from keras_transformer.data.tokenizer import Tokenizer
+
+        return Tokenizer.load(self.restore_tokenizer(say))
+
+    # --- what is intact ----------------------------------------------------------
+
+    def newest_state_text(self):
+        """A phrase naming the newest readable backup or checkpoint, for error messages."""
+        try:
+            update, path = self.latest_state(say=lambda message: None)
+        except RunError:
+            return f"no readable backup or checkpoint in {self.root}"
+        if path is None:
+            return f"{self.root} holds no backup or checkpoint yet"
+        return f"the newest good state is {path.relative_to(self.root)} (update {update})"
 
     # --- resuming ------------------------------------------------------------
 
@@ -326,7 +562,7 @@ class RunFolder:
                 target.parent.mkdir(exist_ok=True)
                 os.replace(path, target)
                 moved.append(str(target))
-        best = self.read_json(BEST_INFO_FILE)
+        best = self.read_best()
         if best is not None and best.get("update", 0) > update:
             for name in (BEST_FILE, BEST_INFO_FILE):
                 if (self.root / name).exists():
@@ -386,7 +622,7 @@ def check_run(run_dir):
             f"run folder not found: {run_dir} (expected the --output-dir of a "
             f"training run, with {TOKENIZER_FILE} and {CONFIG_FILE} or {MODEL_FILE})")
     spm = run_dir / TOKENIZER_FILE
-    if not spm.is_file():
+    if not spm.is_file() and not (run_dir / VOCABULARY_INFO_FILE).is_file():
         raise FileNotFoundError(f"{run_dir} has no {TOKENIZER_FILE} (the SentencePiece "
                                 "model a training run writes)")
     keras_file, config_file = run_dir / MODEL_FILE, run_dir / CONFIG_FILE
@@ -445,19 +681,17 @@ def load_run(run_dir, weights=None):
     Returns:
         `(model, tokenizer)`; the model is not compiled.
     """
-    import keras
-
-    from keras_transformer.config import TransformerConfig
-    from keras_transformer.data.tokenizer import Tokenizer
     from keras_transformer.model import build_model
 
     spm, keras_file, config_file = check_run(run_dir)
+    run = RunFolder(run_dir)
+    tokenizer = run.load_tokenizer()
     if weights is not None:
         weights = resolve_weights(run_dir, str(weights))
-    if keras_file.is_file():
-        model = keras.saving.load_model(keras_file, compile=False)
+    if keras_file.is_file() and (weights is None or not config_file.is_file()):
+        model = load_keras_file(keras_file)
     else:
-        model = build_model(TransformerConfig.from_dict(json.loads(config_file.read_text())))
+        model = build_model(run.read_config())
         if weights is None:
             saved = pathlib.Path(run_dir) / "model.weights.h5"
             weights = saved if saved.is_file() else resolve_weights(run_dir, "last")
@@ -466,7 +700,29 @@ def load_run(run_dir, weights=None):
         if not weights.is_file():
             raise FileNotFoundError(f"weights file not found: {weights}")
         load_model_weights(model, weights)
-    return model, Tokenizer.load(spm)
+    return model, tokenizer
+
+
+def load_keras_file(path):
+    """`keras.saving.load_model(path, compile=False)`; a damaged file is a `RunError`."""
+    import zipfile
+
+    import keras
+
+    path = pathlib.Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every member, checking its CRC
+        if bad is not None:
+            raise ValueError(f"member {bad} fails its CRC check")
+        return keras.saving.load_model(path, compile=False)
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError, EOFError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise RunError(
+            f"{path} is damaged ({message}); translate or export other weights of the "
+            "run (--weights last, averaged, best or ckpt-<update>), or move it aside and "
+            f"re-run `keras-transformer train --output-dir {path.parent}` to write it "
+            "again from the run's checkpoints") from None
 
 
 def load_model_weights(model, path):

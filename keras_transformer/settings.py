@@ -123,6 +123,9 @@ class Settings:
     backup_minutes: float = _field(10.0, "training", "wall-clock minutes between "
                                    "backups (also one at every checkpoint); 0: only "
                                    "at checkpoints")
+    divergence_check: bool = _field(
+        True, "training", "stop when the loss diverges: 3 log rows in a row above "
+        "2 x ln(vocabulary size); a non-finite loss always stops")
     log_every: Optional[int] = _field(None, "training", "updates between log lines and "
                                       "log rows (preset default)")
     validate_every: Optional[int] = _field(None, "training", "updates between validation "
@@ -178,6 +181,9 @@ class Settings:
                     or (name == "learning_rate_factor" and value == 0):
                 raise SettingsError(f"{_flag(name)} must be a {'positive' if name == 'learning_rate_factor' else 'non-negative'} "
                                     f"number, received {value!r}")
+        if not isinstance(self.divergence_check, bool):
+            raise SettingsError("--divergence-check must be true or false, received "
+                                f"{self.divergence_check!r}")
         if self.validation_bleu_sentences < 0:
             raise SettingsError("--validation-bleu-sentences must be >= 0, received "
                                 f"{self.validation_bleu_sentences}")
@@ -296,6 +302,10 @@ def add_arguments(parser):
             _flag(f.name), dest=f.name, default=argparse.SUPPRESS,
             type=_type_of(f.type, default), choices=f.metadata.get("choices"),
             help=f.metadata["help"] + shown)
+        if f.type is bool or str(f.type) == "bool":
+            groups[section].add_argument(
+                "--no-" + _flag(f.name)[2:], dest=f.name, action="store_const", const=False,
+                default=argparse.SUPPRESS, help=f"the same as {_flag(f.name)} false")
     group = parser.add_argument_group(
         "model settings", "override any TransformerConfig field of the preset "
         "(Table 3 rows: --num-heads 16 --key-dim 32 --value-dim 32)")

@@ -4,9 +4,10 @@ Backend-agnostic except `get_strategy`, which returns a `tf.distribute`
 strategy (TensorFlow backend) or sets a `keras.distribution` (JAX backend).
 """
 
+import io
 import os
+import pathlib
 import resource
-import shutil
 import time
 
 import keras
@@ -15,6 +16,7 @@ import numpy as np
 from keras_transformer.config import TransformerConfig
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.runs import list_checkpoints  # noqa: F401  (public here too)
+from keras_transformer.runs import save_weights, write_bytes
 from keras_transformer.schedules import TransformerSchedule
 
 
@@ -138,9 +140,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         step = self._step() if step is None else step
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, f"ckpt-{step}.weights.h5")
-        partial = os.path.join(self.directory, f".partial-ckpt-{step}.weights.h5")
-        self.model.save_weights(partial, overwrite=True)
-        os.replace(partial, path)
+        save_weights(self.model, path)
         self._last_saved = step
         for _, old in list_checkpoints(self.directory)[:-self.keep]:
             os.remove(old)
@@ -199,9 +199,10 @@ def average_checkpoints(paths, output_path):
                 raise ValueError(
                     f"checkpoint {path} does not hold the same variables as {paths[-1]}"
                 )
-        partial = str(output_path) + ".partial"
-        shutil.copyfile(paths[-1], partial)
-        with h5py.File(partial, "r+") as out:
+        # Built in memory, then written with plain file I/O (see
+        # `runs.weights_bytes`: HDF5 meeting a full disk crashes the process).
+        buffer = io.BytesIO(pathlib.Path(paths[-1]).read_bytes())
+        with h5py.File(buffer, "r+") as out:
             for name in names:
                 data = reference[name]
                 if name.split("/")[0] == "optimizer" or not np.issubdtype(data.dtype,
@@ -209,7 +210,8 @@ def average_checkpoints(paths, output_path):
                     continue
                 stacked = np.stack([np.asarray(s[name], dtype="float64") for s in sources])
                 out[name][...] = stacked.mean(axis=0).astype(data.dtype)
-        os.replace(partial, output_path)
+        write_bytes(output_path, buffer.getvalue(), what=f"writing the averaged weights "
+                    f"{output_path}")
     finally:
         for source in sources:
             source.close()

@@ -37,8 +37,9 @@ def _user_errors():
     from keras_transformer.runs import RunError
     from keras_transformer.settings import SettingsError
 
-    return (CommandError, SettingsError, RunError, CorpusError, FileNotFoundError,
-            FileExistsError)
+    # OSError: a file that cannot be read or written (a full disk, no
+    # permission) is named with its reason, never shown as a traceback.
+    return (CommandError, SettingsError, RunError, CorpusError, OSError)
 
 
 def main(argv=None, prog=PROG):
@@ -61,9 +62,13 @@ def main(argv=None, prog=PROG):
         if os.environ.get("KT_TRACEBACK"):
             raise
         message = str(error).strip() or type(error).__name__
-        sys.stderr.write(f"{' '.join(filter(None, (prog, args.command)))}: error: "
+        # A run stopped on a signal (`experiment.TrainingStopped`) is not an
+        # error: it says where it stopped and exits 128 + the signal number.
+        status = getattr(error, "exit_status", 1)
+        kind = "error: " if status == 1 else ""
+        sys.stderr.write(f"{' '.join(filter(None, (prog, args.command)))}: {kind}"
                          f"{message}\n")
-        return 1
+        return status
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # e.g. `| head`

@@ -88,6 +88,39 @@ class _SharedModelResource(_tf_text_sentencepiece._SentencepieceModelResource):
             )
 
 
+def check_model_proto(model_proto, model_file=None):
+    """Loads serialized SentencePiece bytes; raises `ValueError` unless they fit the model.
+
+    They must parse as a SentencePiece model with the model's special ids.
+
+    Returns:
+        The `sentencepiece.SentencePieceProcessor`.
+    """
+    where = f"SentencePiece model {model_file}" if model_file else "model_proto"
+    if not model_proto:
+        raise ValueError(f"{where} is empty")
+    processor = sentencepiece.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(model_proto)
+    except (RuntimeError, OSError) as error:
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ValueError(f"{where} is not a SentencePiece model"
+                         + (f": {detail}" if detail else "")) from None
+    found = {
+        "pad_id": processor.pad_id(),
+        "bos_id": processor.bos_id(),
+        "eos_id": processor.eos_id(),
+        "unk_id": processor.unk_id(),
+    }
+    if found != _SPECIAL_IDS:
+        raise ValueError(
+            f"{where} has special ids {found}, but the model needs "
+            f"{_SPECIAL_IDS}; train it with train_tokenizer() or with "
+            "SentencePiece options pad_id=0, bos_id=1, eos_id=2, unk_id=3"
+        )
+    return processor
+
+
 class Tokenizer(tf.Module):
     """A SentencePiece subword tokenizer whose ops run in the TensorFlow graph.
 
@@ -123,24 +156,7 @@ class Tokenizer(tf.Module):
                 "model_proto must be the non-empty bytes of a SentencePiece "
                 f"model, received {type(model_proto).__name__}"
             )
-        where = f"SentencePiece model {model_file}" if model_file else "model_proto"
-        processor = sentencepiece.SentencePieceProcessor()
-        try:
-            processor.LoadFromSerializedProto(model_proto)
-        except (RuntimeError, OSError) as error:
-            raise ValueError(f"{where} is not a SentencePiece model: {error}") from None
-        found = {
-            "pad_id": processor.pad_id(),
-            "bos_id": processor.bos_id(),
-            "eos_id": processor.eos_id(),
-            "unk_id": processor.unk_id(),
-        }
-        if found != _SPECIAL_IDS:
-            raise ValueError(
-                f"{where} has special ids {found}, but the model needs "
-                f"{_SPECIAL_IDS}; train it with train_tokenizer() or with "
-                "SentencePiece options pad_id=0, bos_id=1, eos_id=2, unk_id=3"
-            )
+        processor = check_model_proto(model_proto, model_file)
         self._model_proto = model_proto
         self._model_file = None if model_file is None else str(model_file)
         self._vocabulary_size = processor.GetPieceSize()
