@@ -18,19 +18,20 @@ JSON line), one at a time, so that no two runtimes share the cores:
 
 For each of `--batch-sizes` (default 1 and 32) a worker makes `--calls`
 requests of English demo sentences twice: a warm-up pass, which reports the
-first request of each static shape the path decodes in (tracing, XLA
-compilation, the SavedModel's first run of a shape branch) separately, then
-the timed pass: p50 / p95 latency of one request and sentences/s. The
+first request of each shape the path decodes in (tracing, XLA compilation,
+the SavedModel's first run of its signature and of a new size) separately,
+then the timed pass: p50 / p95 latency of one request and sentences/s. The
 parent reports per path and batch size the median over rounds and the spread
 (min-max).
 
 Random weights rarely choose EOS, so every sentence decodes to its length
 limit (source length + `--max-extra-length`): the figures are for the
 longest outputs a sentence can have. Shapes: the SavedModel decodes a
-request in the smallest (batch bucket, width bucket) that holds it (batch
-buckets: `--batch-sizes`; widths: powers of two from 16, then
-`--max-length`), the Translator pads the width to a multiple of 8 and the
-batch to a power of two.
+request as it comes (one search of dynamic shape, in chunks of at most
+`max(--batch-sizes)` sentences, each cut to its longest sentence), the
+Translator pads the width to a multiple of 8 and the batch to a power of
+two. `examples/benchmark_export.py` measures the export itself: graph size,
+export time and memory, load and first request.
 
 Threads: TensorFlow's pools keep their defaults (one thread per core);
 `--threads` (default: the usable cores) goes to `torch.set_num_threads` for
@@ -150,22 +151,7 @@ def resolve_settings(args):
         "beam_size": args.beam_size, "alpha": args.alpha,
         "batch_sizes": sorted(set(args.batch_sizes)), "calls": args.calls,
         "threads": args.threads or usable_cores(),
-        "length_buckets": width_buckets(args.max_length),
     }
-
-
-def width_buckets(max_length, smallest=16):
-    """The export's source-width buckets: powers of two from `smallest`, then `max_length`."""
-    widths, width = [], smallest
-    while width < max_length:
-        widths.append(width)
-        width *= 2
-    return widths + [max_length]
-
-
-def smallest_at_least(buckets, value):
-    """The first of the sorted `buckets` that is `>= value` (else the largest)."""
-    return next((b for b in buckets if b >= value), buckets[-1])
 
 
 def request_batches(sentences, batch_size, calls):
@@ -220,8 +206,8 @@ def prepare(settings, directory):
     export_start = time.perf_counter()
     export = export_saved_model(
         translator, os.path.join(directory, "saved_models"), beam_size=settings["beam_size"],
-        alpha=settings["alpha"], batch_buckets=tuple(settings["batch_sizes"]),
-        length_buckets=tuple(settings["length_buckets"]), overwrite=True, version=1)
+        alpha=settings["alpha"], batch_size=max(settings["batch_sizes"]), overwrite=True,
+        version=1)
     export_seconds = time.perf_counter() - export_start
     english = [en for en, _ in generate_pairs(400, seed=1)]
     sentences = os.path.join(directory, "sentences.json")
@@ -260,16 +246,13 @@ def saved_model_path(settings, prepared):
                         f"({usable_cores()} cores)"),
             "versions": {"tensorflow": tf.__version__,
                          "tensorflow_text": _version("tensorflow_text")}}
-    batch_buckets, widths = settings["batch_sizes"], settings["length_buckets"]
-
     def translate(batch):
         texts = [text for text, _ in batch]
         output = serving_default(text=tf.constant(texts))["translation"].numpy()
         return [t.decode("utf-8") for t in output]
 
-    def shape_of(batch):  # the (batch bucket, width bucket) branch the request runs in
-        return (smallest_at_least(batch_buckets, len(batch)),
-                smallest_at_least(widths, max(n for _, n in batch)))
+    def shape_of(batch):  # the request's own (rows, width): the graph pads nothing
+        return (len(batch), max(n for _, n in batch))
 
     return translate, shape_of, info
 

@@ -155,13 +155,11 @@ def prepare(spec):
         kind, int8 = SYSTEMS[name]
         quantize = "int8" if int8 else None
         if kind == "saved_model":
-            # Traced batch sizes: the export's default (1, 8, 32) up to the requests'.
-            batch = spec["batch_size"]
-            buckets = tuple(sorted({b for b in (1, 8, 32) if b < batch} | {batch}))
+            # Chunks of the requests' batch size: each request is decoded at once.
             paths[name] = str(export_from_run(
                 spec["run"], base, model_name=name, version=1, weights=spec["weights"],
                 beam_size=max(options["beam_size"], 2), alpha=options["alpha"],
-                max_extra_length=options["max_extra_length"], batch_buckets=buckets,
+                max_extra_length=options["max_extra_length"], batch_size=spec["batch_size"],
                 quantize=quantize, overwrite=True))
         elif kind == "ct2":
             paths[name] = str(export_ctranslate2_from_run(

@@ -24,6 +24,15 @@ Lengths: a sentence's output (the generated tokens, EOS included, BOS not)
 has at most `source_length + max_extra_length` tokens, where
 `source_length` counts its non-pad source ids (EOS included), as in the
 paper (section 6.1: "maximum output length to input length + 50").
+
+Shapes: sizes are read with `ops.shape`, which gives Python ints for known
+dimensions. Compiled (XLA, `jax.jit`) and eager searches always have them,
+and their loops are what they were with static shapes. Inside a plain
+TensorFlow graph traced with an unknown batch size or source width (the
+exported SavedModel, `keras_transformer.export`) the sizes are scalar
+tensors: the buffer length is then a tensor too, and the cache grows inside
+one loop instead of one loop per cache size (`cache_lengths`), so one traced
+search serves every batch size and width.
 """
 
 import warnings
@@ -76,26 +85,33 @@ def output_length_limits(source_ids, config, max_extra_length=DecodingOptions.ma
 
     Returns:
         `(max_lengths, buffer_length)`: int32 `(batch,)` limits (0 for an
-        all-pad row, which is then skipped) and the Python int
-        `S + max_extra_length`, the largest possible limit. With learned
-        position embeddings both are capped at `config.max_length`, the size
-        of the position table.
+        all-pad row, which is then skipped) and `S + max_extra_length`, the
+        largest possible limit: a Python int when `S` is static, an int32
+        scalar tensor when it is not (a TensorFlow graph traced with an
+        unknown width). With learned position embeddings both are capped at
+        `config.max_length`, the size of the position table.
     """
     if not isinstance(max_extra_length, int) or max_extra_length < 0:
         raise ValueError(
             "max_extra_length must be a non-negative integer, "
             f"received max_extra_length={max_extra_length!r}"
         )
-    source_length = source_ids.shape[1]
-    if source_length is None:
-        raise ValueError("source_ids needs a static length (its second dimension)")
+    source_length = ops.shape(source_ids)[1]
+    if source_length is None:  # a symbolic KerasTensor
+        raise ValueError("source_ids needs a known length (its second dimension)")
     lengths = ops.sum(ops.cast(ops.not_equal(source_ids, config.pad_id), "int32"), axis=1)
-    buffer_length = int(source_length) + max_extra_length
     max_lengths = ops.where(lengths > 0, lengths + max_extra_length, 0)
     if config.position_embedding == "learned":
-        buffer_length = min(buffer_length, config.max_length)
         max_lengths = ops.minimum(max_lengths, config.max_length)
-    return ops.cast(max_lengths, "int32"), max(buffer_length, 1)
+    if isinstance(source_length, int):
+        buffer_length = source_length + max_extra_length
+        if config.position_embedding == "learned":
+            buffer_length = min(buffer_length, config.max_length)
+        return ops.cast(max_lengths, "int32"), max(buffer_length, 1)
+    buffer_length = ops.cast(source_length, "int32") + max_extra_length
+    if config.position_embedding == "learned":
+        buffer_length = ops.minimum(buffer_length, config.max_length)
+    return ops.cast(max_lengths, "int32"), ops.maximum(buffer_length, 1)
 
 
 def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=True,
@@ -143,7 +159,7 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
                                            beam_size=beam_size, cache_length=cache_length)
     config = model.config
     source_ids = ops.convert_to_tensor(source_ids, "int32")
-    batch_size = source_ids.shape[0]
+    batch_size = ops.shape(source_ids)[0]  # an int, or a scalar tensor in a TF graph
     rows = batch_size * beam_size
     source_mask = ops.not_equal(source_ids, config.pad_id)
     encoder_output = model.encoder(
@@ -160,7 +176,8 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
                 tuple(ops.repeat(t, beam_size, axis=0) for t in layer_cache)
                 for layer_cache in cross_cache
             ]
-        cache = model.decoder.init_self_attention_cache(rows, cache_length or buffer_length)
+        cache = model.decoder.init_self_attention_cache(
+            rows, buffer_length if cache_length is None else cache_length)
 
         def next_fn(tokens, cache, index):
             step_ids = ops.slice(tokens, [0, index], [rows, 1])  # (N, 1)
@@ -212,11 +229,18 @@ def cache_lengths(buffer_length, first=16):
     start with `first` steps and double the cache when the outputs reach its
     end (a few static shapes, so XLA compiles one loop per size).
 
+    A `buffer_length` that is a tensor (a TensorFlow graph traced with an
+    unknown source width) gives `(min(first, L), L)`: the first size and the
+    last, both tensors; the search then doubles the cache inside one loop
+    (`_while_in_segments`).
+
     Example:
 
     >>> cache_lengths(84)
     (16, 32, 64, 84)
     """
+    if not isinstance(buffer_length, int):
+        return (ops.minimum(first, buffer_length), buffer_length)
     lengths, length = [], first
     while length < buffer_length:
         lengths.append(length)
@@ -231,9 +255,18 @@ def _while_in_segments(cond, body, loop_vars, *, buffer_length, segments=None, g
     (`cache_lengths`), the loop over segment `i` ending when `index` reaches
     `segments[i]`, after which `grow_fn(cache, segments[i + 1])` enlarges the
     cache. Without `grow_fn` it is one loop over the whole buffer.
+
+    With a tensor `buffer_length` (a plain TensorFlow graph: the cache
+    length is dynamic there) it is one loop, in which the cache doubles,
+    capped at `buffer_length`, when `index` reaches its size: the step is
+    traced once instead of once per size, and sizes past the sentence's
+    buffer are never allocated.
     """
     if grow_fn is None or not segments:
         return ops.while_loop(cond, body, loop_vars)
+    if not isinstance(buffer_length, int):
+        return _while_growing(cond, body, loop_vars, buffer_length=buffer_length,
+                              first=segments[0], grow_fn=grow_fn)
     if segments[-1] != buffer_length:
         raise ValueError(f"the last cache length must be buffer_length={buffer_length}, "
                          f"received {segments!r}")
@@ -246,6 +279,22 @@ def _while_in_segments(cond, body, loop_vars, *, buffer_length, segments=None, g
 
         loop_vars = ops.while_loop(segment_cond, body, tuple(loop_vars))
     return loop_vars
+
+
+def _while_growing(cond, body, loop_vars, *, buffer_length, first, grow_fn):
+    """`_while_in_segments` in one loop: the cache grows in the loop body."""
+    def grown_cond(capacity, *args):
+        return cond(*args)
+
+    def grown_body(capacity, *args):
+        index, cache = args[0], args[-1]
+        grow = ops.greater_equal(index, capacity)
+        capacity = ops.where(grow, ops.minimum(2 * capacity, buffer_length), capacity)
+        cache = ops.cond(grow, lambda: grow_fn(cache, capacity), lambda: cache)
+        return (capacity,) + tuple(body(*args[:-1], cache))
+
+    first = ops.cast(first, "int32")
+    return tuple(ops.while_loop(grown_cond, grown_body, (first,) + tuple(loop_vars)))[1:]
 
 
 # --- searches over a step function ---------------------------------------------
@@ -294,7 +343,9 @@ def run_greedy_search(next_fn, cache, max_lengths, *, buffer_length, bos_id=1, e
         cache: the initial cache (any nested structure of tensors).
         max_lengths: int32 `(batch,)` output length limits, EOS included,
             each at most `buffer_length`; a row with limit 0 stays empty.
-        buffer_length: L, a Python int: outputs have L slots.
+        buffer_length: L: outputs have L slots. A Python int, or an int32
+            scalar tensor in a plain TensorFlow graph with an unknown source
+            width (`output_length_limits`).
         bos_id, eos_id, pad_id: special ids.
         min_length: EOS is forbidden while the output has fewer than this
             many tokens (EOS included). With `min_length = max_length` every
@@ -317,7 +368,7 @@ def run_greedy_search(next_fn, cache, max_lengths, *, buffer_length, bos_id=1, e
     """
     _check_ids(bos_id, eos_id, pad_id, min_length)
     max_lengths = ops.cast(ops.convert_to_tensor(max_lengths), "int32")
-    batch_size = max_lengths.shape[0]
+    batch_size = ops.shape(max_lengths)[0]
     tokens = _initial_tokens(batch_size, buffer_length, bos_id, pad_id)
     step_log_probs = ops.zeros((batch_size, buffer_length), "float32")
     finished = ops.less_equal(max_lengths, 0)
@@ -360,20 +411,20 @@ def _gather_beams(x, indices, offsets=None):
 
     `offsets`: `_row_offsets(B, M)`, computed once outside a search loop.
     """
-    shape = tuple(x.shape)
+    shape = ops.shape(x)
     batch_size, width = shape[0], shape[1]
     num = indices.shape[1]
     if offsets is None:
         offsets = _row_offsets(batch_size, width)
     flat_indices = ops.reshape(ops.cast(indices, "int32") + offsets, (-1,))
-    flat = ops.reshape(x, (batch_size * width,) + shape[2:])
-    return ops.reshape(ops.take(flat, flat_indices, axis=0), (batch_size, num) + shape[2:])
+    flat = ops.reshape(x, (-1,) + tuple(shape[2:]))
+    return ops.reshape(ops.take(flat, flat_indices, axis=0), (-1, num) + tuple(shape[2:]))
 
 
 def _reorder_cache(cache, beam_indices, beam_size, offsets=None):
     """Cache rows `b * K + beam_indices[b, k]` moved to row `b * K + k`."""
     if offsets is None:
-        offsets = _row_offsets(beam_indices.shape[0], beam_size)
+        offsets = _row_offsets(ops.shape(beam_indices)[0], beam_size)
     rows = ops.reshape(beam_indices + offsets, (-1,))
     return keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0), cache)
 
@@ -407,7 +458,8 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         cache: initial cache, with `batch * beam_size` rows on axis 0 of
             every tensor (it is reordered along that axis).
         max_lengths: int32 `(batch,)` output length limits, EOS included.
-        buffer_length: L, a Python int, at least `max(max_lengths)`.
+        buffer_length: L, at least `max(max_lengths)`: a Python int, or an
+            int32 scalar tensor in a TensorFlow graph (see `run_greedy_search`).
         beam_size: K.
         alpha: length-penalty strength, `>= 0`.
         bos_id, eos_id, pad_id: special ids.
@@ -441,7 +493,7 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         raise ValueError(f"alpha must be >= 0, received alpha={alpha!r}")
     K, L = beam_size, buffer_length
     max_lengths = ops.cast(ops.convert_to_tensor(max_lengths), "int32")
-    B = max_lengths.shape[0]
+    B = ops.shape(max_lengths)[0]  # an int, or a scalar tensor in a TF graph
     max_penalty = length_penalty(ops.maximum(max_lengths, 1), alpha)  # (B,)
 
     alive_seq = ops.reshape(_initial_tokens(B * K, L, bos_id, pad_id), (B, K, L + 1))
@@ -660,7 +712,7 @@ def greedy_decode(model, source_ids, *, max_extra_length=DecodingOptions.max_ext
         segments = cache_lengths(buffer_length) if use_cache else None
         next_fn, cache = make_step_fn(model, source_ids, buffer_length=buffer_length,
                                       use_cache=use_cache, dynamic_prefix=dynamic_prefix,
-                                      cache_length=segments and segments[0])
+                                      cache_length=segments[0] if segments else None)
         tokens, step_log_probs = run_greedy_search(
             next_fn, cache, max_lengths, buffer_length=buffer_length,
             bos_id=config.bos_id, eos_id=config.eos_id, pad_id=config.pad_id,
@@ -721,7 +773,7 @@ def beam_search(model, source_ids, *, beam_size=DecodingOptions.beam_size,
         next_fn, cache = make_step_fn(model, source_ids, buffer_length=buffer_length,
                                       beam_size=beam_size, use_cache=use_cache,
                                       dynamic_prefix=dynamic_prefix,
-                                      cache_length=segments and segments[0])
+                                      cache_length=segments[0] if segments else None)
         return run_beam_search(
             next_fn, cache, max_lengths, buffer_length=buffer_length,
             beam_size=beam_size, alpha=alpha, bos_id=config.bos_id,

@@ -4,7 +4,7 @@ TF Serving (`tensorflow_model_server`) runs no Python, so the whole
 translation is one TensorFlow graph made of core ops and TensorFlow Text's
 SentencePiece ops (which the model server links): sanitise the UTF-8 ->
 tokenize -> truncate and append EOS -> sort by length -> cached beam search
-(or greedy decoding) in fixed-shape chunks -> cut at EOS -> detokenize. The
+(or greedy decoding) in chunks of similar length -> cut at EOS -> detokenize. The
 SavedModel has two signatures, both `text` (`tf.string`, `(batch,)`) ->
 `translation` (`tf.string`, `(batch,)`) and `score` (`float32`, `(batch,)`):
 
@@ -31,12 +31,20 @@ Input handling, in the graph:
 - An empty or all-whitespace sentence translates to `""` with score 0
   without decoding; a batch of zero sentences gives zero outputs.
 
-Shapes: the decoding functions of `keras_transformer.decoding` need a static
-batch size and source width, so the graph sorts the batch by length (as
-`Translator` does), cuts it into chunks of at most `max(batch_buckets)`
-sentences, and decodes each chunk in the smallest `(batch bucket, width
-bucket)` shape that holds it (a `tf.switch_case` over one traced search per
-shape). Padding rows and columns do not change any sentence's output.
+Shapes: each signature holds one traced search, with a dynamic batch size
+and source width (`keras_transformer.decoding` reads sizes with `ops.shape`;
+in this plain, uncompiled TensorFlow graph they are tensors, and the
+self-attention cache grows inside the search loop). The graph sorts the
+batch by length (as `Translator` does), drops the blank sentences, and
+decodes the rest in chunks of at most `batch_size` sentences (default 32),
+each cut to the width of its longest sentence, so a short request costs what
+its own sentences cost. Padding rows and columns do not change any
+sentence's output. Until version 2 of this module the graph held one search
+per (batch bucket, width bucket) pair behind a `tf.switch_case` (12 per
+signature by default): a 24 times larger graph (32.5 MB for the quick
+start's 1.4M-parameter model) that took 17 s to load and 32 s to answer its
+first request in a fresh process on 2 CPU cores, for no measurable gain in
+latency or throughput (`examples/benchmark_export.py`).
 
 Training backend: the export always runs under the TensorFlow backend. A
 model trained under JAX or PyTorch is exported from its weights, which are
@@ -82,11 +90,13 @@ from keras_transformer.serving_warmup import write_warmup_requests
 
 DEFAULT_BASE = "saved_models"
 DEFAULT_MODEL_NAME = "transformer"
+# 2: one search per signature, any batch size and width (1: one per bucket).
+EXPORT_FORMAT_VERSION = 2
 BEAM_SIGNATURE = "serving_default"
 GREEDY_SIGNATURE = "translate_greedy"
 INPUT_NAME = "text"
 TOKENIZER_ASSET = "spm.model"
-DEFAULT_BATCH_BUCKETS = (1, 8, 32)
+DEFAULT_BATCH_SIZE = 32
 
 # Ops TF Serving cannot run: Python callbacks, TF Addons custom ops, and
 # XLA-only ops outside a compiled cluster.
@@ -101,27 +111,6 @@ __all__ = [
 
 
 # --- helpers -----------------------------------------------------------------
-
-
-def _power_of_two_widths(max_source_length, smallest=16):
-    widths, width = [], smallest
-    while width < max_source_length:
-        widths.append(width)
-        width *= 2
-    return tuple(widths) + (max_source_length,)
-
-
-def _check_buckets(name, values, maximum=None):
-    values = tuple(values)
-    if not values or any(not isinstance(v, int) or v < 1 for v in values):
-        raise ValueError(f"{name} must be a non-empty list of positive integers, "
-                         f"received {values!r}")
-    if list(values) != sorted(set(values)):
-        raise ValueError(f"{name} must be strictly increasing, received {values!r}")
-    if maximum is not None and values[-1] != maximum:
-        raise ValueError(f"the largest of {name} must be max_source_length={maximum}, "
-                         f"received {values!r}")
-    return values
 
 
 def next_version(model_dir):
@@ -153,10 +142,8 @@ class TranslationModule(tf.Module):
             at least 2, alpha and length limit); `translate_greedy` is the
             same with beam size 1.
         max_source_length: source ids kept per sentence, EOS included.
-        batch_buckets: static batch sizes of the traced searches; the largest
-            is the chunk size.
-        length_buckets: static source widths of the traced searches; the
-            largest must be `max_source_length`.
+        batch_size: sentences decoded at once; a larger request is decoded
+            in chunks of this many (longest first).
 
     Example:
 
@@ -166,8 +153,7 @@ class TranslationModule(tf.Module):
     """
 
     def __init__(self, model, tokenizer, options, *, max_source_length,
-                 batch_buckets=DEFAULT_BATCH_BUCKETS,
-                 length_buckets=None, tokenizer_file=None, name="translation"):
+                 batch_size=DEFAULT_BATCH_SIZE, tokenizer_file=None, name="translation"):
         super().__init__(name=name)
         config = model.config
         # Not tracked as a Keras object (only its variables are saved): the
@@ -181,10 +167,8 @@ class TranslationModule(tf.Module):
         self._config = config
         self._options = options
         self._max_source_length = max_source_length
-        self._batch_buckets = tuple(batch_buckets)
-        self._length_buckets = tuple(length_buckets or
-                                     _power_of_two_widths(max_source_length))
-        self._output_width = self._buffer_length(self._length_buckets[-1])
+        self._batch_size = batch_size
+        self._output_width = self._buffer_length(max_source_length)
         spec = [tf.TensorSpec([None], tf.string, name=INPUT_NAME)]
         # Out of attribute tracking: saved once, as signatures (tracked
         # tf.functions would be traced a second time by `tf.saved_model.save`).
@@ -233,43 +217,15 @@ class TranslationModule(tf.Module):
         return clean, ids, lengths, nonblank
 
     def _search(self, source_ids, beam_size):
-        """Static-shape search: int32 (b, w) ids -> (b, W) tokens, (b,) scores."""
+        """int32 (b, w) ids, both sizes dynamic -> (b, output width) tokens, (b,) scores."""
         from keras_transformer.decoding import decode
 
         options = self._options.replace(beam_size=beam_size)
         tokens, scores = decode(self._untracked.value, source_ids, options, jit_compile=False)
         tokens = tf.convert_to_tensor(tokens)
-        pad = self._output_width - tokens.shape[1]
+        pad = self._output_width - tf.shape(tokens)[1]
         tokens = tf.pad(tokens, [[0, 0], [0, pad]], constant_values=self._config.pad_id)
-        return tokens, tf.convert_to_tensor(scores)
-
-    def _decode_chunk(self, ids, width_needed, beam_size):
-        """Decodes up to max(batch_buckets) sorted rows in the smallest bucket."""
-        rows = tf.shape(ids)[0]
-        batch_index = tf.reduce_sum(
-            tf.cast(rows > tf.constant(self._batch_buckets[:-1], tf.int32), tf.int32))
-        width_index = tf.reduce_sum(
-            tf.cast(width_needed > tf.constant(self._length_buckets[:-1], tf.int32), tf.int32))
-        num_widths = len(self._length_buckets)
-        output_width = self._output_width
-
-        def make_branch(batch, width):
-            def branch():
-                x = tf.pad(ids[:, :width], [[0, batch - rows], [0, 0]])
-                x = tf.ensure_shape(x, [batch, width])
-                tokens, scores = self._search(x, beam_size)
-                return tokens[:rows], scores[:rows]
-            return branch
-
-        def empty():  # every row is blank: nothing to decode
-            return (tf.zeros([rows, output_width], tf.int32), tf.zeros([rows], tf.float32))
-
-        branches = [make_branch(b, w) for b in self._batch_buckets
-                    for w in self._length_buckets]
-        index = tf.where(width_needed > 0, batch_index * num_widths + width_index,
-                         len(branches))
-        tokens, scores = tf.switch_case(index, branches + [empty])
-        return tf.ensure_shape(tokens, [None, output_width]), scores
+        return tf.ensure_shape(tokens, [None, self._output_width]), tf.convert_to_tensor(scores)
 
     def _translate(self, text, beam_size):
         config = self._config
@@ -277,16 +233,19 @@ class TranslationModule(tf.Module):
         clean, ids, lengths, nonblank = self._encode(text)
         count = tf.shape(text)[0]
         # Longest first (stable), as Translator does: chunks of similar length.
+        # Blank rows (length 0) come last and are not decoded.
         order = tf.argsort(-lengths, stable=True)
         ids, lengths_sorted = tf.gather(ids, order), tf.gather(lengths, order)
-        chunk = self._batch_buckets[-1]
-        num_chunks = (count + chunk - 1) // chunk
+        todo = tf.reduce_sum(tf.cast(lengths > 0, tf.int32))
+        chunk = self._batch_size
+        num_chunks = (todo + chunk - 1) // chunk
         output_width = self._output_width
 
         def body(i, all_tokens, all_scores):
             start = i * chunk
-            chunk_ids = ids[start:start + chunk]
-            tokens, scores = self._decode_chunk(chunk_ids, lengths_sorted[start], beam_size)
+            end = tf.minimum(start + chunk, todo)
+            # The chunk cut to its longest sentence: one search, any shape.
+            tokens, scores = self._search(ids[start:end, :lengths_sorted[start]], beam_size)
             return (i + 1, tf.concat([all_tokens, tokens], 0),
                     tf.concat([all_scores, scores], 0))
 
@@ -295,6 +254,8 @@ class TranslationModule(tf.Module):
             (tf.constant(0), tf.zeros([0, output_width], tf.int32), tf.zeros([0], tf.float32)),
             shape_invariants=(tf.TensorShape([]), tf.TensorShape([None, output_width]),
                               tf.TensorShape([None])))
+        tokens = tf.concat([tokens, tf.fill([count - todo, output_width], config.pad_id)], 0)
+        scores = tf.concat([scores, tf.zeros([count - todo], tf.float32)], 0)
         inverse = tf.math.invert_permutation(order)
         tokens, scores = tf.gather(tokens, inverse), tf.gather(scores, inverse)
 
@@ -350,8 +311,7 @@ def forbidden_ops(ops):
 # --- export ----------------------------------------------------------------------
 
 
-def _resolve_options(config, decoding, max_source_length, batch_buckets, length_buckets,
-                     quantize):
+def _resolve_options(config, decoding, max_source_length, batch_size, quantize):
     if decoding.greedy:
         raise ValueError("beam_size (of serving_default) must be an integer >= 2 "
                          "(translate_greedy is the beam-1 search), received 1")
@@ -364,14 +324,14 @@ def _resolve_options(config, decoding, max_source_length, batch_buckets, length_
     if quantize is not None and quantize not in QUANTIZATION_MODES:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATION_MODES)}, "
                          f"received {quantize!r}")
-    batch_buckets = _check_buckets("batch_buckets", batch_buckets)
-    if length_buckets is None:
-        length_buckets = _power_of_two_widths(max_source_length)
-    length_buckets = _check_buckets("length_buckets", length_buckets, max_source_length)
+    if batch_size is None:
+        batch_size = DEFAULT_BATCH_SIZE
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, received {batch_size!r}")
     return dict(beam_size=decoding.beam_size, alpha=decoding.alpha,
                 max_extra_length=decoding.max_extra_length,
-                max_source_length=max_source_length, batch_buckets=batch_buckets,
-                length_buckets=length_buckets, quantize=quantize)
+                max_source_length=max_source_length, batch_size=batch_size,
+                quantize=quantize)
 
 
 def _version_dir(export_dir, model_name, version, overwrite):
@@ -391,8 +351,8 @@ def _version_dir(export_dir, model_name, version, overwrite):
 
 def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
                        version=None, beam_size=None, alpha=None, max_source_length=None,
-                       max_extra_length=None, batch_buckets=DEFAULT_BATCH_BUCKETS,
-                       length_buckets=None, quantize=None, overwrite=False, verbose=False):
+                       max_extra_length=None, batch_size=DEFAULT_BATCH_SIZE, quantize=None,
+                       overwrite=False, verbose=False):
     """Writes a translator as a TF Serving SavedModel `<export_dir>/<model_name>/<version>/`.
 
     See the module docstring for the signatures and the input handling. Under
@@ -417,11 +377,10 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             (what `Translator` keeps).
         max_extra_length: outputs have at most source length + this many
             ids; default the translator's.
-        batch_buckets: static batch sizes traced; a request is decoded in
-            chunks of at most the largest, each in the smallest bucket that
-            holds it. Each bucket adds one traced search per width bucket.
-        length_buckets: static source widths traced; default powers of two
-            from 16, then `max_source_length`.
+        batch_size: sentences decoded at once (default 32): a request is
+            decoded in chunks of at most this many, which bounds the
+            memory a large request takes. Not a traced shape: the searches
+            take any batch size and width.
         quantize: `"int8"` exports a weight-quantized copy of the model
             (`keras_transformer.model.quantized`); default float32.
         overwrite: replace an existing version folder.
@@ -450,8 +409,8 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
     decoding = getattr(translator, "options", None) or DecodingOptions()
     decoding = decoding.replace(beam_size=beam_size, alpha=alpha,
                                 max_extra_length=max_extra_length)
-    options = _resolve_options(model.config, decoding, max_source_length, batch_buckets,
-                               length_buckets, quantize)
+    options = _resolve_options(model.config, decoding, max_source_length, batch_size,
+                               quantize)
     model_dir, version, target = _version_dir(export_dir, model_name, version, overwrite)
     already = getattr(model.target_embedding, "quantization_mode", None)
     if already and quantize:
@@ -484,8 +443,7 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             model = quantized(model, quantize)
         module = TranslationModule(
             model, tokenizer, decoding, tokenizer_file=asset_file,
-            max_source_length=options["max_source_length"],
-            batch_buckets=options["batch_buckets"], length_buckets=options["length_buckets"])
+            max_source_length=options["max_source_length"], batch_size=options["batch_size"])
         out = staging / "model"
         tf.saved_model.save(module, str(out), signatures=module.signatures())
         bad = forbidden_ops(saved_model_ops(out))
@@ -493,13 +451,11 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             raise RuntimeError(f"the exported graph contains ops TF Serving cannot run: {bad}")
         (out / "assets.extra").mkdir(exist_ok=True)
         (out / "assets.extra" / "export_options.json").write_text(json.dumps(
-            dict(options, quantize=quantize or already,
-                 batch_buckets=list(options["batch_buckets"]),
-                 length_buckets=list(options["length_buckets"]),
+            dict(options, quantize=quantize or already, format_version=EXPORT_FORMAT_VERSION,
                  config=model.config.to_dict(), tensorflow=tf.__version__,
                  tensorflow_text=_tf_text_version()), indent=2))
-        # TF Serving replays these requests when it loads the version: one per
-        # signature and traced (batch, width) shape.
+        # TF Serving replays these requests when it loads the version: a few
+        # lengths per signature at batch 1 and at batch_size.
         write_warmup_requests(out, model_name=model_name)
         if target.exists():
             shutil.rmtree(target)
@@ -527,9 +483,6 @@ def _export_in_subprocess(run_dir, export_dir, **options):
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
     spec = dict(options, run_dir=str(run_dir), export_dir=str(export_dir))
-    for name in ("batch_buckets", "length_buckets"):
-        if spec.get(name) is not None:
-            spec[name] = list(spec[name])
     if spec.get("weights") is not None:
         spec["weights"] = str(spec["weights"])
     verbose = options.get("verbose", False)
@@ -546,8 +499,8 @@ def _export_in_subprocess(run_dir, export_dir, **options):
 def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
                     version=None, weights=None, beam_size=None, alpha=None,
                     max_source_length=None, max_extra_length=None,
-                    batch_buckets=DEFAULT_BATCH_BUCKETS, length_buckets=None,
-                    quantize=None, overwrite=False, verbose=False):
+                    batch_size=DEFAULT_BATCH_SIZE, quantize=None, overwrite=False,
+                    verbose=False):
     """Exports a training output folder (`model.keras` + `spm.model`) for TF Serving.
 
     Works from any Keras backend: outside TensorFlow it re-runs itself in a
@@ -564,8 +517,8 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
         weights: weights to export instead of `model.keras`': a name of
             `runs.resolve_weights` (`best`, `last`, `ckpt-<update>`, ...) or
             a `.weights.h5` path.
-        beam_size, alpha, max_source_length, max_extra_length, batch_buckets,
-            length_buckets, quantize, overwrite, verbose: as in
+        beam_size, alpha, max_source_length, max_extra_length, batch_size,
+            quantize, overwrite, verbose: as in
             `export_saved_model` (decoding defaults: `DecodingOptions`').
 
     Returns:
@@ -590,8 +543,7 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             run_dir, export_dir, model_name=model_name, version=version,
             overwrite=overwrite, verbose=verbose, beam_size=beam_size, alpha=alpha,
             max_source_length=max_source_length, max_extra_length=max_extra_length,
-            batch_buckets=batch_buckets, length_buckets=length_buckets, quantize=quantize,
-            weights=weights)
+            batch_size=batch_size, quantize=quantize, weights=weights)
 
     from keras_transformer.translate import Translator
 
@@ -601,9 +553,8 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
     translator = Translator(model, tokenizer, decoding)
     return export_saved_model(
         translator, export_dir, model_name=model_name, version=version,
-        max_source_length=max_source_length, batch_buckets=batch_buckets,
-        length_buckets=length_buckets, quantize=quantize, overwrite=overwrite,
-        verbose=verbose)
+        max_source_length=max_source_length, batch_size=batch_size, quantize=quantize,
+        overwrite=overwrite, verbose=verbose)
 
 
 if __name__ == "__main__":

@@ -4,32 +4,27 @@ TF Serving replays `<version>/assets.extra/tf_serving_warmup_requests`, a
 TFRecord file of `tensorflow.serving.PredictionLog` protos, when it loads a
 version, before the version takes traffic. Without it the first request of
 each signature pays the one-time instantiation and optimisation of the
-signature's graph (under `tf.saved_model.load` on 2 CPU cores: about 4 s for
-the tests' tiny model, about 20 s for the base model), and the first request
-of each traced `(batch bucket, width bucket)` branch of the export's
-`tf.switch_case` may pay more for its new shapes (allocations, oneDNN or
-cuDNN kernel selection; in the noise on CPU). `write_warmup_requests` writes
-one request per (signature, batch bucket, width bucket) that takes exactly
-that branch, so the model server pays both at load time instead.
+signature's graph (a few seconds on 2 CPU cores for the quick start's tiny
+model), and the first requests of a new size pay their first allocations
+and oneDNN kernel creation (in the noise on CPU). Each signature of the
+export holds one search that takes any batch size and source width, so
+`write_warmup_requests` writes, per signature, a few source lengths (8, 16
+and 32 ids by default, capped at `max_source_length`) at batch 1 and at the
+export's `batch_size` (the largest chunk it decodes at once): the model
+server pays the one-time cost and sizes its memory pools at load time.
 
 Each request is a batch of `batch` copies of one sentence whose token count
 (SentencePiece pieces + EOS, truncated at `max_source_length`, as the graph
-computes it) is the width bucket's own width, so its chunk is decoded in that
-`(batch, width)` branch. The sentence is a word of the export's own
-vocabulary (`assets/spm.model`) repeated, checked with `sentencepiece`, so it
-works for any vocabulary; it is plain UTF-8.
+computes it) is the requested length. The sentence is a word of the
+export's own vocabulary (`assets/spm.model`) repeated, checked with
+`sentencepiece`, so it works for any vocabulary; it is plain UTF-8.
 
 Cost: the replay runs the requests one after the other at load time: the
-one-time cost above, plus one decode per selected bucket and signature. A
-tiny model decodes each in well under a second; the base model at the
-widest width with beam 4 and batch 32 takes seconds per request on CPU.
-`signatures`, `batch_buckets` and `length_buckets` limit what is warmed:
-one request per signature (`batch_buckets=[1]`, the smallest width) already
-pays the signature's one-time cost; a bucket left out is still served and
-pays its own first run on its first request. TF Serving reads at most 1000
-warm-up records, and a version whose warm-up request fails does not load;
-`replay_warmup_requests` replays the file through `tf.saved_model.load` to
-check it and to show the cost.
+one-time cost above, plus one decode per request. `batch_sizes` and
+`lengths` choose them; TF Serving reads at most 1000 warm-up records, and a
+version whose warm-up request fails does not load; `replay_warmup_requests`
+replays the file through `tf.saved_model.load` to check it and to show the
+cost. The file is readable by all (mode 0644), like the rest of the export.
 
 The protos are written by hand in protobuf's wire format (the few fields of
 `PredictionLog.predict_log.request`: `model_spec.name`,
@@ -42,10 +37,10 @@ test parses the records with `tensorflow_serving.apis.prediction_log_pb2`.
 Example:
 
 >>> path = export_saved_model(translator, "saved_models", model_name="demo")
->>> write_warmup_requests(path)          # model name "demo", every bucket
+>>> write_warmup_requests(path, batch_sizes=[1], lengths=[8, 32])  # model name "demo"
 PosixPath('saved_models/demo/1/assets.extra/tf_serving_warmup_requests')
 >>> [round(s, 2) for s in replay_warmup_requests(path)]  # first call of each signature
-[4.24, 0.06, 0.05, 0.07, 3.47, 0.07, 0.05, 0.07]
+[2.1, 0.05, 1.6, 0.04]
 """
 
 import json
@@ -69,6 +64,7 @@ EXPORT_OPTIONS_FILE = "export_options.json"
 TOKENIZER_ASSET = "spm.model"  # keras_transformer.export.TOKENIZER_ASSET
 DEFAULT_SIGNATURES = ("serving_default", "translate_greedy")
 DEFAULT_SIGNATURE = "serving_default"  # what TF Serving runs for an empty name
+DEFAULT_LENGTHS = (8, 16, 32)  # source ids (pieces + EOS) of the warm-up sentences
 INPUT_NAME = "text"
 MAX_RECORDS = 1000  # TF Serving's WarmupConsts::kMaxNumRecords
 
@@ -262,22 +258,19 @@ def _export_options(saved_model_dir):
                                 "keras_transformer.export (call it after export_options.json "
                                 "is written)")
     options = json.loads(path.read_text(encoding="utf-8"))
-    missing = [k for k in ("batch_buckets", "length_buckets", "max_source_length")
-               if k not in options]
+    missing = [k for k in ("batch_size", "max_source_length") if k not in options]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}")
     return options
 
 
-def _select(name, chosen, exported):
-    if chosen is None:
-        return tuple(exported)
-    chosen = tuple(chosen)
-    unknown = [v for v in chosen if v not in exported]
-    if not chosen or unknown:
-        raise ValueError(f"{name} must be a non-empty subset of the exported {name} "
-                         f"{list(exported)}, received {list(chosen)}")
-    return tuple(v for v in exported if v in chosen)  # the export's order
+def _positive_ints(name, values, maximum):
+    values = tuple(values)
+    if not values or any(not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= maximum
+                         for v in values):
+        raise ValueError(f"{name} must be a non-empty list of integers from 1 to {maximum}, "
+                         f"received {list(values)}")
+    return tuple(sorted(set(values)))
 
 
 def _default_model_name(saved_model_dir):
@@ -289,16 +282,16 @@ def _default_model_name(saved_model_dir):
 
 
 def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAULT_SIGNATURES,
-                          batch_buckets=None, length_buckets=None, input_name=INPUT_NAME):
+                          batch_sizes=None, lengths=None, input_name=INPUT_NAME):
     """Writes `assets.extra/tf_serving_warmup_requests` into an export.
 
-    One `PredictionLog` per (signature, batch bucket, width bucket), in that
-    order: `batch` copies of a sentence of exactly `width` ids (pieces + EOS;
-    `max_source_length - 1` pieces for the widest bucket, which truncation
-    keeps), so that each request is decoded in exactly that traced branch.
-    The buckets, `max_source_length` and the SentencePiece model are read
+    One `PredictionLog` per (signature, batch size, length), in that order:
+    `batch` copies of a sentence of exactly `length` ids (pieces + EOS; a
+    length above `max_source_length` is capped there, as truncation does).
+    `max_source_length`, `batch_size` and the SentencePiece model are read
     from the export (`assets.extra/export_options.json`, `assets/spm.model`).
-    The file is written to a temporary name and renamed into place.
+    The file is written to a temporary name, made readable by all (0644) and
+    renamed into place.
 
     Args:
         saved_model_dir: a version folder written by
@@ -308,12 +301,14 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
             the folder above `saved_model_dir` (`<base>/<model_name>/<version>`).
             TF Serving does not check it during warm-up.
         signatures: the signatures to warm (default both).
-        batch_buckets: the batch buckets to warm, a subset of the exported
-            ones; default all.
-        length_buckets: the width buckets to warm, a subset of the exported
-            ones; default all. The replay decodes each selected bucket once
-            per signature; the widest widths with beam 4 take seconds each on
-            CPU for a base-size model.
+        batch_sizes: sentences per request; default 1 and the export's
+            `batch_size` (the largest chunk it decodes at once). At most
+            `batch_size`.
+        lengths: source ids per sentence, EOS included, at least 2 (a
+            sentence has a piece); default 8, 16 and 32, capped at
+            `max_source_length`. Each request is decoded once per replay: the
+            longest, at the largest batch with beam 4, takes seconds on CPU
+            for a base-size model.
         input_name: the signatures' input name.
 
     Returns:
@@ -321,8 +316,8 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
 
     Raises:
         FileNotFoundError: without `export_options.json` or `assets/spm.model`.
-        ValueError: for buckets that were not exported, an empty selection,
-            more than TF Serving's 1000 records, or no `model_name`.
+        ValueError: for sizes out of range, an empty selection, more than TF
+            Serving's 1000 records, or no `model_name`.
     """
     saved_model_dir = pathlib.Path(saved_model_dir)
     options = _export_options(saved_model_dir)
@@ -334,21 +329,25 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
     if not signatures or not all(isinstance(s, str) and s for s in signatures):
         raise ValueError(f"signatures must be non-empty names, received {list(signatures)}")
     max_source_length = int(options["max_source_length"])
-    batches = _select("batch_buckets", batch_buckets, options["batch_buckets"])
-    widths = _select("length_buckets", length_buckets, options["length_buckets"])
-    # A width of 1 holds only EOS, which no non-blank sentence gives (blank
-    # rows skip the search): that branch is never taken, so not warmed.
-    widths = tuple(w for w in widths if w >= 2)
+    batch_size = int(options["batch_size"])
+    if batch_sizes is None:
+        batch_sizes = (1, batch_size)
+    batches = _positive_ints("batch_sizes", batch_sizes, batch_size)
+    if lengths is None:
+        lengths = (min(n, max_source_length) for n in DEFAULT_LENGTHS)
+    widths = _positive_ints("lengths", lengths, max_source_length)
+    if widths[0] < 2:
+        raise ValueError(f"lengths must be at least 2 (a piece and EOS), received "
+                         f"{list(widths)}")
     count = len(signatures) * len(batches) * len(widths)
     if count > MAX_RECORDS:
         raise ValueError(f"{count} warm-up requests exceed TF Serving's limit of "
-                         f"{MAX_RECORDS}; select fewer buckets")
+                         f"{MAX_RECORDS}; select fewer sizes")
     spm_file = saved_model_dir / "assets" / TOKENIZER_ASSET
     if not spm_file.is_file():
         raise FileNotFoundError(f"{spm_file} not found: the export's SentencePiece model")
     processor = _processor(spm_file.read_bytes())
-    sentences = {w: warmup_sentence(processor, min(w, max_source_length) - 1)
-                 for w in widths}
+    sentences = {w: warmup_sentence(processor, w - 1) for w in widths}
 
     target = saved_model_dir / ASSETS_EXTRA / WARMUP_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -363,6 +362,7 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
                                          dtype=object)
                         writer.write(_encode_prediction_log(model_name, signature,
                                                             {input_name: texts}))
+        os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide it from a model server
         os.replace(temporary, target)
     finally:
         if os.path.exists(temporary):
@@ -413,9 +413,9 @@ def replay_warmup_requests(saved_model_dir, *, loaded=None):
             this function imports).
 
     Returns:
-        The seconds each request took, a list of floats in file order: the
-        first call of each branch, i.e. what the model server spends on
-        warm-up (plus the graph optimiser's first run of the signature).
+        The seconds each request took, a list of floats in file order, i.e.
+        what the model server spends on warm-up (the first request of each
+        signature includes the graph optimiser's first run of it).
 
     Raises:
         KeyError: for a signature the SavedModel does not have.

@@ -90,7 +90,7 @@ def test_export_from_a_training_run(export, tmp_path):
         [sys.executable, "-m", "keras_transformer", "export", "--run", str(export["run"]),
          "--export-dir", str(base), "--model-name", "demo", "--version", "3",
          "--beam-size", str(BEAM_SIZE), "--max-extra-length", str(MAX_EXTRA),
-         "--batch-buckets", "8", "--length-buckets", "32", "--quiet"],
+         "--batch-size", "8", "--quiet"],
         capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     path = base / "demo" / "3"
@@ -109,7 +109,7 @@ def test_export_errors(tmp_path, capsys):
     assert main(["export", "--run", str(tmp_path / "run")]) == 1
     assert "neither model.keras nor config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["export", "--run", "x", "--batch-buckets", "a,b"])
+        main(["export", "--run", "x", "--batch-size", "a"])
 
 
 def test_evaluate_refuses_a_negative_alpha_in_one_line(tmp_path, capsys):

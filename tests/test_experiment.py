@@ -76,8 +76,7 @@ def test_example_script_keeps_its_flags_and_exports_under_the_run_name(tmp_path)
     # Without --model-name the export is named after the run folder.
     result = subprocess.run(
         [sys.executable, "-m", "keras_transformer", "export", "--run", str(output_dir),
-         "--export-dir", str(tmp_path / "served"), "--batch-buckets", "1",
-         "--length-buckets", "16", "--quiet"],
+         "--export-dir", str(tmp_path / "served"), "--quiet"],
         env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == str(tmp_path / "served" / "demo_run" / "1")

@@ -84,8 +84,10 @@ def exported(tmp_path_factory):
         work = tmp_path_factory.mktemp("export")
         translator, run = _build(work)
         base = work / "saved_models"
+        # Chunks of 8: the 20 sentences are decoded in three chunks of
+        # different widths, the last one with 4 sentences and the blank rows.
         path = export_saved_model(translator, base, beam_size=BEAM_SIZE, alpha=ALPHA,
-                                  batch_buckets=(1, 8))
+                                  batch_size=8)
         sentences = _sentences()
         _CACHE["export"] = dict(
             path=path, base=base, run=run, translator=translator, sentences=sentences,
@@ -179,11 +181,8 @@ def test_fresh_process_with_only_tf_text_matches_translator(export, tmp_path):
 @pytest.mark.slow  # int8 per backend: test_quantization.py
 def test_int8_export_matches_the_quantized_translator_in_a_fresh_process(export, tmp_path):
     translator = export["translator"]
-    # One traced shape per signature (batch 8, width MAX_LENGTH): the bucket
-    # logic is the float32 export's, tested above; here the int8 graph is.
     path = export_saved_model(translator, tmp_path / "int8", beam_size=BEAM_SIZE,
-                              alpha=ALPHA, batch_buckets=(8,), length_buckets=(MAX_LENGTH,),
-                              quantize="int8")
+                              alpha=ALPHA, batch_size=8, quantize="int8")
     options = json.loads((path / "assets.extra" / "export_options.json").read_text())
     assert options["quantize"] == "int8"
     # The weights are stored as int8: the variables of the SavedModel say so.
@@ -244,6 +243,22 @@ def test_saved_model_cli_and_op_list(export):
     assert "StatelessWhile" in ops or "While" in ops
     assert forbidden_ops(ops) == []
     assert not [op for op in ops if "PyFunc" in op or op.startswith(("Addons>", "Xla"))]
+
+
+def test_one_search_per_signature(export):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel.FromString(
+        (export["path"] / "saved_model.pb").read_bytes())
+    graph = proto.meta_graphs[0].graph_def
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    counts = {}
+    for node in nodes:
+        counts[node.op] = counts.get(node.op, 0) + 1
+    # Per signature: the loop over chunks and the search's own loop, whose
+    # cache grows inside it; no branch per traced shape.
+    assert counts.get("While", 0) + counts.get("StatelessWhile", 0) == 4
+    assert counts.get("Case", 0) + counts.get("StatelessCase", 0) == 0
 
 
 def test_forbidden_ops_names_python_addons_and_xla_ops():
@@ -410,8 +425,8 @@ def test_export_argument_errors(export, tmp_path):
         export_saved_model(translator, tmp_path, max_source_length=MAX_LENGTH + 1)
     with pytest.raises(ValueError, match="beam_size"):
         export_saved_model(translator, tmp_path, beam_size=1)
-    with pytest.raises(ValueError, match="length_buckets"):
-        export_saved_model(translator, tmp_path, length_buckets=(8, 16))
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        export_saved_model(translator, tmp_path, batch_size=0)
     with pytest.raises(TypeError, match="Tokenizer"):
         export_saved_model(Translator(translator.model, object()), tmp_path)
     with pytest.raises(ValueError, match="quantize must be one of int8"):

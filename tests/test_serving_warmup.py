@@ -1,7 +1,7 @@
-"""TF Serving warm-up requests: wire format, one request per branch, replay.
+"""TF Serving warm-up requests: wire format, the requested sizes, file mode, replay.
 
 A tiny model (test_export.py's `_build`) is exported once for the module with
-small buckets (batch 1, 2; width 8, 16). The records are parsed with the real
+batch size 2 and at most 16 source ids. The records are parsed with the real
 `tensorflow_serving.apis` protos; writing and reading must not need them.
 """
 
@@ -36,7 +36,10 @@ pytestmark = pytest.mark.backend_independent
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MODEL_NAME = "warm"
-BATCH_BUCKETS, LENGTH_BUCKETS, MAX_SOURCE_LENGTH = (1, 2), (8, 16), 16
+BATCH_SIZE, MAX_SOURCE_LENGTH = 2, 16
+# The default requests: batch 1 and the export's batch size; 8, 16, 32 ids
+# capped at MAX_SOURCE_LENGTH.
+BATCHES, LENGTHS = (1, BATCH_SIZE), (8, 16)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def export(tmp_path_factory):
     translator, _ = _build(work)
     path = export_saved_model(translator, work / "saved_models", model_name=MODEL_NAME,
                               beam_size=BEAM_SIZE, max_source_length=MAX_SOURCE_LENGTH,
-                              batch_buckets=BATCH_BUCKETS, length_buckets=LENGTH_BUCKETS)
+                              batch_size=BATCH_SIZE)
     return dict(path=path, tokenizer=translator.tokenizer)
 
 
@@ -122,11 +125,20 @@ def test_warmup_sentence_has_exactly_the_pieces_asked_for(export):
 # --- the export's requests -------------------------------------------------------------------
 
 
-def test_one_request_per_signature_batch_and_width_bucket(export, warmup_file):
+def test_export_writes_the_file_readable_by_all(export):
+    path = export["path"] / "assets.extra" / WARMUP_FILE
+    # The export's own (default) requests, written with the export's files' mode.
+    assert len(_records(path)) == 2 * len(BATCHES) * len(LENGTHS)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert (path.parent / "export_options.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_one_request_per_signature_batch_and_length(export, warmup_file):
     assert warmup_file == export["path"] / "assets.extra" / WARMUP_FILE
+    assert warmup_file.stat().st_mode & 0o777 == 0o644
     records = _records(warmup_file)
     expected = [(s, b, w) for s in (BEAM_SIGNATURE, GREEDY_SIGNATURE)
-                for b in BATCH_BUCKETS for w in LENGTH_BUCKETS]
+                for b in BATCHES for w in LENGTHS]
     assert len(records) == len(expected)
     for record, (signature, batch, width) in zip(records, expected):
         request = record.predict_log.request
@@ -138,8 +150,7 @@ def test_one_request_per_signature_batch_and_width_bucket(export, warmup_file):
         texts = tf.make_ndarray(tensor)
         assert texts.shape == (batch,)
         [text.decode("utf-8") for text in texts]  # valid UTF-8
-        # Every row is exactly the bucket's width, so the chunk's longest row
-        # selects this width bucket and its row count this batch bucket.
+        # Every row has exactly the requested number of ids, as the graph counts them.
         assert _graph_width(export["tokenizer"], texts).tolist() == [width] * batch
     # The hand-decoded requests are the same ones.
     requests = read_warmup_requests(export["path"])
@@ -151,7 +162,7 @@ def test_one_request_per_signature_batch_and_width_bucket(export, warmup_file):
 def test_replay_runs_every_request_through_the_saved_model(export, warmup_file):
     loaded = tf.saved_model.load(str(export["path"]))
     seconds = replay_warmup_requests(export["path"], loaded=loaded)
-    assert len(seconds) == 2 * len(BATCH_BUCKETS) * len(LENGTH_BUCKETS)
+    assert len(seconds) == 2 * len(BATCHES) * len(LENGTHS)
     assert all(s > 0 for s in seconds)
     for signature, inputs in read_warmup_requests(warmup_file):
         outputs = loaded.signatures[signature](text=tf.constant(inputs["text"]))
@@ -162,11 +173,11 @@ def test_replay_runs_every_request_through_the_saved_model(export, warmup_file):
         [t.decode("utf-8") for t in outputs["translation"].numpy()]
 
 
-def test_selected_buckets_and_signatures_only(export, tmp_path):
+def test_selected_sizes_and_signatures_only(export, tmp_path):
     copy = tmp_path / "staging"  # like export_saved_model's folder before the rename
     shutil.copytree(export["path"], copy)
     path = write_warmup_requests(copy, model_name="other", signatures=GREEDY_SIGNATURE,
-                                 batch_buckets=[2], length_buckets=[16])
+                                 batch_sizes=[2], lengths=[16])
     [record] = _records(path)
     assert record.predict_log.request.model_spec.name == "other"
     assert record.predict_log.request.model_spec.signature_name == GREEDY_SIGNATURE
@@ -182,21 +193,23 @@ def test_write_errors(export, tmp_path):
     shutil.copytree(export["path"], copy)
     with pytest.raises(ValueError, match="not a TF Serving version folder.*pass model_name"):
         write_warmup_requests(copy)
-    with pytest.raises(ValueError, match=r"subset of the exported batch_buckets \[1, 2\]"):
-        write_warmup_requests(copy, model_name="m", batch_buckets=[8])
-    with pytest.raises(ValueError, match="length_buckets"):
-        write_warmup_requests(copy, model_name="m", length_buckets=[])
+    with pytest.raises(ValueError, match=r"batch_sizes must be .* from 1 to 2, received \[8\]"):
+        write_warmup_requests(copy, model_name="m", batch_sizes=[8])
+    with pytest.raises(ValueError, match="lengths must be a non-empty list"):
+        write_warmup_requests(copy, model_name="m", lengths=[])
+    with pytest.raises(ValueError, match="lengths must be at least 2"):
+        write_warmup_requests(copy, model_name="m", lengths=[1, 8])
     with pytest.raises(ValueError, match="signatures must be non-empty names"):
         write_warmup_requests(copy, model_name="m", signatures=())
-    write_warmup_requests(copy, model_name="m", signatures=["nope"], batch_buckets=[1],
-                          length_buckets=[8])
+    write_warmup_requests(copy, model_name="m", signatures=["nope"], batch_sizes=[1],
+                          lengths=[8])
     with pytest.raises(KeyError, match="signature 'nope'"):
         replay_warmup_requests(copy)
     (copy / "assets.extra" / "export_options.json").unlink()
     with pytest.raises(FileNotFoundError, match="export_options.json not found"):
         write_warmup_requests(copy, model_name="m")
     (copy / "assets.extra" / "export_options.json").write_text(json.dumps({}))
-    with pytest.raises(ValueError, match="lacks batch_buckets, length_buckets"):
+    with pytest.raises(ValueError, match="lacks batch_size, max_source_length"):
         write_warmup_requests(copy, model_name="m")
 
 
@@ -204,7 +217,7 @@ _WITHOUT_SERVING_API = r"""
 import sys
 sys.modules["tensorflow_serving"] = None  # as if tensorflow-serving-api were absent
 from keras_transformer.serving_warmup import read_warmup_requests, write_warmup_requests
-path = write_warmup_requests(sys.argv[1], batch_buckets=[1], length_buckets=[8])
+path = write_warmup_requests(sys.argv[1], batch_sizes=[1], lengths=[8])
 print(len(read_warmup_requests(path)))
 """
 

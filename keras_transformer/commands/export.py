@@ -1,6 +1,5 @@
 """`keras-transformer export`: a run folder as a TF Serving SavedModel or a CTranslate2 model."""
 
-import argparse
 import pathlib
 
 from keras_transformer.commands.common import CommandError
@@ -10,21 +9,13 @@ FORMATS = ("saved_model", "ctranslate2")
 # repeated here so that building the parser imports neither module.
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16")
-# Options of the SavedModel's traced searches: CTranslate2 decides them when it
+# Options of the SavedModel's searches: CTranslate2 decides them when it
 # translates, so they mean nothing to its export. Their parser defaults are
 # None so that a value given with --format ctranslate2 is refused, not ignored.
 _SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_source_length",
-                     "max_extra_length", "batch_buckets", "length_buckets")
+                     "max_extra_length", "batch_size")
 # The SavedModel's own weight quantization (Keras' model.quantize).
 SAVED_MODEL_QUANTIZATIONS = ("int8",)
-
-
-def _int_list(text):
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, received {text!r}") from None
 
 
 def _flag(name):
@@ -52,7 +43,7 @@ def _export_saved_model(args, run_dir):
 
     # What is not given takes export_from_run's defaults (decoding: DecodingOptions').
     options = {name: getattr(args, name) for name in _SAVED_MODEL_ONLY
-               if getattr(args, name) not in (None, ())}
+               if getattr(args, name) is not None}
     try:
         path = export_from_run(
             run_dir, args.export_dir, model_name=args.model_name, weights=args.weights,
@@ -122,11 +113,9 @@ def add_parser(commands):
                    help="saved_model: source ids kept, EOS included (default: "
                         "config.max_length)")
     e.add_argument("--max-extra-length", type=int, help="saved_model: default 50")
-    e.add_argument("--batch-buckets", type=_int_list,
-                   help="saved_model: traced batch sizes, comma-separated (default 1,8,32)")
-    e.add_argument("--length-buckets", type=_int_list,
-                   help="saved_model: traced source widths (default: 16, 32, ... up to "
-                        "max-source-length)")
+    e.add_argument("--batch-size", type=int,
+                   help="saved_model: sentences decoded at once; a larger request is "
+                        "decoded in chunks of this many (default 32)")
     e.add_argument("--overwrite", action="store_true",
                    help="replace an existing version (saved_model) or folder (ctranslate2)")
     e.add_argument("--quiet", "-q", action="store_true")

@@ -201,10 +201,14 @@ class TransformerDecoder(_StackMixin, layers.Layer):
         Incremental decoding can start with a short cache and grow it as the
         outputs get longer: every step reads (and beam search reorders) the
         whole cache, so a cache sized for the longest possible output costs
-        memory traffic on every step of a short one.
+        memory traffic on every step of a short one. `max_length` may be a
+        scalar tensor in a TensorFlow graph (a cache of dynamic length); the
+        caller then makes sure it is not shorter than the cache.
         """
         def grow(t):
-            extra = max_length - t.shape[2]
+            extra = max_length - ops.shape(t)[2]
+            if not isinstance(extra, int):  # dynamic: checked by the caller
+                return ops.pad(t, [[0, 0], [0, 0], [0, extra], [0, 0]])
             if extra < 0:
                 raise ValueError(f"cannot shrink a cache of {t.shape[2]} steps to {max_length}")
             return ops.pad(t, [[0, 0], [0, 0], [0, extra], [0, 0]]) if extra else t
