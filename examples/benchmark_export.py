@@ -233,8 +233,9 @@ def format_table(figures):
                 text = fmt.format(value) if value is not None else "-"
                 cells.append(text.rjust(max(len(title), 8)))
             train = entry["training"].get("train_peak_memory_mib")
+            train = f"{train:.0f}" if train is not None else "-"
             lines.append(f"{run + ' ' + system:<{label_width}} " + " ".join(cells)
-                         + f" {train if train is not None else '-':>9}")
+                         + f" {train:>9}")
             if entry["errors"].get(system):
                 lines.append(f"  {system} failed: {entry['errors'][system]}")
     return "\n".join(lines)

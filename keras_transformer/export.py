@@ -39,12 +39,15 @@ batch by length (as `Translator` does), drops the blank sentences, and
 decodes the rest in chunks of at most `batch_size` sentences (default 32),
 each cut to the width of its longest sentence, so a short request costs what
 its own sentences cost. Padding rows and columns do not change any
-sentence's output. Until version 2 of this module the graph held one search
-per (batch bucket, width bucket) pair behind a `tf.switch_case` (12 per
-signature by default): a 24 times larger graph (32.5 MB for the quick
-start's 1.4M-parameter model) that took 17 s to load and 32 s to answer its
-first request in a fresh process on 2 CPU cores, for no measurable gain in
-latency or throughput (`examples/benchmark_export.py`).
+sentence's output. No static shape is needed: earlier exports
+(`export_options.json` without `format_version`) traced one search per
+(batch bucket, width bucket) pair behind a `tf.switch_case`, 12 per
+signature, and measured against this one on the quick start's model
+(`examples/benchmark_export.py`, 2 CPU cores) that was a 19x larger graph
+(32.6 against 1.7 MB), 5x the export time and 2.5x its memory, and 48.5
+against 1.7 s for loading and answering a first request in a fresh process,
+with no gain in latency (22 against 12 ms at batch 1) or throughput (169
+against 205 sentences/s at batch 32).
 
 Training backend: the export always runs under the TensorFlow backend. A
 model trained under JAX or PyTorch is exported from its weights, which are
