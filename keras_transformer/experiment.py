@@ -131,7 +131,8 @@ def _given_tokenizer(settings, run):
                                 "folder or a .weights.h5 file)")
         if source_run is not None:
             source_spm = source_run / runs.TOKENIZER_FILE
-    if run.tokenizer_file.is_file():
+    if run.tokenizer_file.is_file() or (run / runs.VOCABULARY_INFO_FILE).is_file():
+        run.restore_tokenizer()  # a damaged copy is restored from its source, or named
         if source_spm is not None and (runs.file_sha256(source_spm)
                                        != run.tokenizer_hash()):
             raise runs.RunError(

@@ -114,6 +114,7 @@ XDIST_GROUPS = {
     "test_prepared.py": "prepared",
     "test_data_demo.py": "data_demo",
     "test_decoding.py": "decoding",
+    "test_faults.py": "faults",
 }
 SKIP_BACKEND_INDEPENDENT = os.environ.get("KT_SKIP_BACKEND_INDEPENDENT", "") not in ("", "0")
 
