@@ -19,7 +19,6 @@ import itertools
 import logging
 import os
 import pathlib
-import re
 import time
 
 import keras
@@ -628,31 +627,14 @@ def export_run(translator, run, settings):
     """
     if not settings.export_dir:
         return None
-    import tensorflow as tf
-
     from keras_transformer.export import export_saved_model
 
     name = settings.model_name or run.root.resolve().name
     # serving_default is a beam search; translate_greedy is there as well.
-    try:
-        path = export_saved_model(translator, settings.export_dir, model_name=name,
-                                  beam_size=max(2, settings.beam_size))
-    except (OSError, tf.errors.OpError) as error:
-        raise runs.WriteError(settings.export_dir, _as_os_error(error),
-                              f"writing the SavedModel under {settings.export_dir}/{name}") \
-            from error
+    path = export_saved_model(translator, settings.export_dir, model_name=name,
+                              beam_size=max(2, settings.beam_size))
     logger.info(f"Exported the SavedModel for TF Serving -> {path}")
     return path
-
-
-def _as_os_error(error):
-    """An `OSError` for a TensorFlow file error (its message carries no errno)."""
-    if isinstance(error, OSError):
-        return error
-    message = getattr(error, "message", str(error)).splitlines()[0]
-    # TensorFlow's op context: "{{function_node ...}} " and " [Op:SaveV2]".
-    message = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:\w+\]", "", message)
-    return OSError(message)
 
 
 # --- the job -----------------------------------------------------------------------

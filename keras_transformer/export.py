@@ -79,6 +79,7 @@ PosixPath('saved_models/transformer/1')
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,8 @@ import tensorflow as tf
 
 from keras_transformer.decoding import DecodingOptions
 from keras_transformer.model import QUANTIZATION_MODES, quantized
-from keras_transformer.runs import check_run, load_run, resolve_weights
+from keras_transformer.runs import (RunError, WriteError, check_run, load_run,
+                                    resolve_weights)
 from keras_transformer.serving_warmup import write_warmup_requests
 
 DEFAULT_BASE = "saved_models"
@@ -463,6 +465,11 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         if target.exists():
             shutil.rmtree(target)
         os.replace(out, target)
+    except (OSError, tf.errors.OpError) as error:
+        # A full disk, a lost mount: one line naming the export; the staging
+        # folder goes below, so no half-written version is left.
+        raise WriteError(target, _as_os_error(error), f"writing the SavedModel {target}") \
+            from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if verbose:
@@ -470,6 +477,18 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         print(f"Exported {BEAM_SIGNATURE} (beam {options['beam_size']}, alpha "
               f"{options['alpha']}{weights}) and {GREEDY_SIGNATURE} to {target}")
     return target
+
+
+def _as_os_error(error):
+    """An `OSError` for a TensorFlow file error, without TensorFlow's op context."""
+    if isinstance(error, OSError):
+        return error
+    message = getattr(error, "message", str(error)).splitlines()[0]
+    # "{{function_node ...}} " and " [Op:SaveV2]"
+    message = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:\w+\]", "", message)
+    # TensorFlow's file errors read "<temporary file>; <reason>": the reason.
+    path, _, reason = message.partition("; ")
+    return OSError(reason if reason and os.sep in path else message)
 
 
 def _tf_text_version():
@@ -489,13 +508,17 @@ def _export_in_subprocess(run_dir, export_dir, **options):
     if spec.get("weights") is not None:
         spec["weights"] = str(spec["weights"])
     verbose = options.get("verbose", False)
+    # stdout (what `verbose` prints) passes through; stderr is kept for the error.
     result = subprocess.run([sys.executable, "-m", "keras_transformer.export"],
-                            input=json.dumps(spec), env=env, capture_output=not verbose,
-                            text=True)
+                            input=json.dumps(spec), env=env, text=True,
+                            stdout=None if verbose else subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    if result.returncode == _RUN_ERROR_STATUS:  # a user error, its line on stderr
+        lines = result.stderr.strip().splitlines()
+        raise RunError(lines[-1] if lines else "export under the TensorFlow backend failed")
     if result.returncode != 0:
-        details = "" if verbose else f":\n{result.stderr[-4000:]}"
         raise RuntimeError(f"export under the TensorFlow backend failed (exit "
-                           f"{result.returncode}){details}")
+                           f"{result.returncode}):\n{result.stderr[-4000:]}")
     return pathlib.Path(export_dir) / options["model_name"] / str(options["version"])
 
 
@@ -560,6 +583,12 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
         overwrite=overwrite, verbose=verbose)
 
 
+_RUN_ERROR_STATUS = 3
+
 if __name__ == "__main__":
     # `_export_in_subprocess`: export_from_run's arguments as JSON on stdin.
-    export_from_run(**json.loads(sys.stdin.read()))
+    try:
+        export_from_run(**json.loads(sys.stdin.read()))
+    except (RunError, FileNotFoundError, FileExistsError) as error:
+        sys.stderr.write(f"{error}\n")
+        sys.exit(_RUN_ERROR_STATUS)

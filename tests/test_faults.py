@@ -300,7 +300,7 @@ def small_disk(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_during_the_export_leaves_no_version_and_the_rerun_finishes(
-        finished_run, corpus, tmp_path, small_disk):
+        finished_run, corpus, tmp_path, small_disk, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     (run_dir / runs.RESULTS_FILE).unlink()  # as if the export had not run yet
@@ -308,15 +308,21 @@ def test_a_full_disk_during_the_export_leaves_no_version_and_the_rerun_finishes(
                     expect=1)
     assert "Traceback" not in output
     line = _last_line(output)
-    assert line.startswith(f"keras-transformer train: error: writing the SavedModel under "
-                           f"{small_disk}/run failed: ") and "No space left on device" in line
-    assert line.endswith("training is complete at update 10 and the newest good state is "
-                         "backup/state-10.weights.h5 (update 10). Free space (or fix the "
-                         "folder) and run the same command to finish the run (final weights, "
-                         "test, export)"), line
+    assert line == (
+        f"keras-transformer train: error: writing the SavedModel {small_disk}/run/1 failed: "
+        "No space left on device; training is complete at update 10 and the newest good "
+        "state is backup/state-10.weights.h5 (update 10). Free space (or fix the folder) and "
+        "run the same command to finish the run (final weights, test, export)")
     # Nothing half-written is left on the full disk: no version, no staging folder.
     assert [p.name for p in small_disk.rglob("*") if p.is_file()] == []
     assert not (run_dir / runs.RESULTS_FILE).exists()
+    # The export command: the same line, nothing left.
+    status, _, err = _command_main(capsys, "export", "--run", str(run_dir), "--export-dir",
+                                   str(small_disk), "--quiet")
+    assert status == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.strip() == (f"keras-transformer export: error: writing the SavedModel "
+                           f"{small_disk}/run/1 failed: No space left on device")
+    assert [p.name for p in small_disk.rglob("*") if p.is_file()] == []
     output = _train(corpus, run_dir, "--train-steps", "10", "--export-dir", "")
     assert "Training is complete at update 10; finishing the run" in output
     assert json.loads((run_dir / runs.RESULTS_FILE).read_text())["final_step"] == 10
