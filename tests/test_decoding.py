@@ -220,6 +220,41 @@ def test_outputs_longer_than_the_first_cache_segments_equal_the_uncached_search(
     np.testing.assert_allclose(scores, ref_scores, atol=1e-4)
 
 
+@pytest.mark.skipif(backend() != "tensorflow", reason="dynamic shapes: TensorFlow graphs only")
+def test_one_graph_of_dynamic_shape_equals_the_uncached_search_at_every_shape(model):
+    """What the SavedModel traces: one search for any batch size and width, whose cache
+    grows inside its loop (here across 16 and 32 steps, forced by min_length)."""
+    import tensorflow as tf
+
+    from keras_transformer.config import DecodingOptions
+    from keras_transformer.decoding import decode
+
+    spec = [tf.TensorSpec([None, None], tf.int32)]
+    for options in (DecodingOptions(beam_size=1, max_extra_length=36, min_length=40),
+                    DecodingOptions(beam_size=3, alpha=0.6, max_extra_length=36,
+                                    min_length=40)):
+        search = tf.function(lambda x, o=options: decode(model, x, o, jit_compile=False),
+                             input_signature=spec, autograph=False)
+        graph = search.get_concrete_function().graph.as_graph_def()
+        for source in (make_sources([6, 4]), make_sources([8, 5, 7], seed=1)):
+            tokens, scores = (to_np(t) for t in search(tf.constant(source)))
+            assert output_lengths(tokens).min() >= 40
+            if options.greedy:
+                reference = to_np(greedy_decode(model, source, max_extra_length=36,
+                                                min_length=40, use_cache=False))
+            else:
+                reference = to_np(beam_search(model, source, beam_size=3, alpha=0.6,
+                                              max_extra_length=36, min_length=40,
+                                              use_cache=False)[0])
+            np.testing.assert_array_equal(tokens, reference)
+        # One trace served both shapes, with one search loop (no loop per cache size).
+        assert len(search._list_all_concrete_functions()) == 1
+        loops = [n for f in graph.library.function for n in f.node_def
+                 if n.op in ("While", "StatelessWhile")]
+        loops += [n for n in graph.node if n.op in ("While", "StatelessWhile")]
+        assert len(loops) == 1
+
+
 def test_output_length_limits():
     config = TransformerConfig.preset("tiny", vocab_size=50, max_length=10,
                                       position_embedding="learned")
