@@ -473,9 +473,10 @@ class RunFolder:
                 f"whose sha256 is the one the run recorded{moved}.")
             return self.tokenizer_file
         if recorded:
+            gone = not source or not pathlib.Path(source).is_file()
             how = (f"copy back the spm.model whose sha256 is {recorded} (the run copied it "
                    f"from {source or 'its prepared corpus'}, which "
-                   f"{'is gone' if not source or not pathlib.Path(source).is_file() else 'now holds another vocabulary'})")
+                   f"{'is gone' if gone else 'now holds another vocabulary'})")
         else:
             how = ("copy back the spm.model of the prepared corpus the run was trained on "
                    "(this run recorded no sha256 to check it against)")

@@ -65,6 +65,34 @@ def multi30k_head(folder, counts):
     return copy_corpus_head(source, folder, counts)
 
 
+def subprocess_env(*paths, **variables):
+    """The environment of a `keras-transformer` child: this checkout first on PYTHONPATH.
+
+    `paths` go before the checkout (e.g. a folder with a `sitecustomize.py`);
+    `variables` are added.
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **variables)
+    env["PYTHONPATH"] = os.pathsep.join(
+        str(p) for p in (*paths, REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def tiny_train_command(corpus, run_dir, *extra):
+    """`keras-transformer train` of the tiny preset on a small corpus, in seconds.
+
+    Vocabulary 500, 1,024 tokens per update, a checkpoint every 10 updates, a
+    log row every 5, 4 validation and test sentences, greedy test, no export;
+    `extra` flags come last (they override these).
+    """
+    import sys
+
+    return [sys.executable, "-m", "keras_transformer", "train", "--data", str(corpus),
+            "--preset", "tiny", "--vocab-size", "500", "--max-length", "48",
+            "--tokens-per-batch", "1024", "--checkpoint-every", "10", "--log-every", "5",
+            "--validation-bleu-sentences", "4", "--eval-sentences", "4", "--beam-size", "1",
+            "--export-dir", "", "--output-dir", str(run_dir), *extra]
+
+
 # Tests whose outcome cannot depend on KERAS_BACKEND: they exercise TensorFlow,
 # tf.data, tf-text or plain Python only, or run every model in a subprocess
 # that sets KERAS_BACKEND itself. They get the `backend_independent` marker,

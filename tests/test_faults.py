@@ -22,9 +22,10 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import subprocess_env, tiny_train_command
+
 from keras_transformer import runs
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,24 +37,13 @@ def corpus(tmp_path_factory):
         ("train", "train", 1000), ("valid", "valid", 100), ("test", "test", 8)))
 
 
-def _env(**extra):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (extra.get("PYTHONPATH"), str(REPO), os.environ.get("PYTHONPATH", ""))
-        if p)
-    return env
-
-
 def _command(corpus, run_dir, *extra):
-    return [sys.executable, "-m", "keras_transformer", "train", "--data", str(corpus),
-            "--preset", "tiny", "--vocab-size", "500", "--max-length", "48",
-            "--tokens-per-batch", "1024", "--checkpoint-every", "10", "--log-every", "5",
-            "--validation-bleu-sentences", "0", "--eval-sentences", "4", "--beam-size", "1",
-            "--export-dir", "", "--output-dir", str(run_dir), *extra]
+    """The tiny training command (see conftest), with no validation BLEU."""
+    return tiny_train_command(corpus, run_dir, "--validation-bleu-sentences", "0", *extra)
 
 
 def _train(corpus, run_dir, *extra, expect=0, env=None):
-    result = subprocess.run(_command(corpus, run_dir, *extra), env=env or _env(),
+    result = subprocess.run(_command(corpus, run_dir, *extra), env=env or subprocess_env(),
                             capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == expect, output[-5000:]
@@ -157,8 +147,8 @@ def test_a_second_signal_while_saving_exits_at_once_and_removes_the_partial_file
         os.kill(os.getpid(), signal.SIGTERM)  # the second, while "saving": gone
         print("still running")
     """)
-    result = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 143, result.stderr[-3000:]
     assert "still running" not in result.stdout
     assert result.stderr.strip().splitlines()[-1] == (
@@ -175,7 +165,8 @@ def test_sigterm_to_train_backs_up_the_update_and_the_rerun_continues(corpus, tm
                        "1000", "--backup-minutes", "0", "--log-every", "1")
     log_path = tmp_path / "first.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env=subprocess_env(), stdout=log,
+                                   stderr=subprocess.STDOUT)
         deadline = time.time() + 600
         try:
             while "update 3/300" not in log_path.read_text():
@@ -264,7 +255,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_rerun_continues(corpus, t
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_ENOSPC_HOOK)
-    env = _env(PYTHONPATH=str(hook), KT_TEST_ENOSPC="ckpt-20.weights.h5")
+    env = subprocess_env(hook, KT_TEST_ENOSPC="ckpt-20.weights.h5")
     output = _train(corpus, run_dir, "--train-steps", "30", env=env, expect=1)
     assert "Traceback" not in output
     assert _last_line(output) == (
@@ -458,8 +449,8 @@ def test_a_truncated_spm_model_is_restored_from_the_prepared_corpus(
     info["source"] = str(tmp_path / "gone" / "spm.model")
     (run_dir / runs.VOCABULARY_INFO_FILE).write_text(json.dumps(info))
     spm.write_bytes(original[:1000])
-    for argv in (["translate", "--run", str(run_dir), "--input", str(source)], ["evaluate", "--run", str(run_dir),
-                                                        "--data", str(corpus)],
+    for argv in (["translate", "--run", str(run_dir), "--input", str(source)],
+                 ["evaluate", "--run", str(run_dir), "--data", str(corpus)],
                  ["export", "--run", str(run_dir), "--export-dir", str(tmp_path / "out")]):
         status, out, err = _command_main(capsys, *argv)
         assert status == 1

@@ -17,9 +17,10 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import subprocess_env, tiny_train_command
+
 from keras_transformer import runs
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 # --- the run folder on its own (no training) ------------------------------------------
@@ -233,22 +234,8 @@ def small_corpus(tmp_path_factory):
         ("train", "train", 1000), ("valid", "valid", 100), ("test", "test", 8)))
 
 
-def _env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
-        PYTHONUNBUFFERED="1")
-
-
-def _train_command(corpus, run_dir, *extra):
-    return [sys.executable, "-m", "keras_transformer", "train", "--data", str(corpus),
-            "--preset", "tiny", "--vocab-size", "500", "--max-length", "48",
-            "--tokens-per-batch", "1024", "--checkpoint-every", "10", "--log-every", "5",
-            "--validation-bleu-sentences", "4", "--eval-sentences", "4", "--beam-size", "1",
-            "--export-dir", "", "--output-dir", str(run_dir), *extra]
-
-
 def _train(corpus, run_dir, *extra, expect=0):
-    result = subprocess.run(_train_command(corpus, run_dir, *extra), env=_env(),
+    result = subprocess.run(tiny_train_command(corpus, run_dir, *extra), env=subprocess_env(),
                             capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == expect, output[-5000:]
@@ -374,11 +361,11 @@ def test_damaged_backup_and_fine_tuning(small_corpus, tmp_path):
 @pytest.mark.slow
 def test_kill_9_after_a_wall_clock_backup_resumes(small_corpus, tmp_path):
     run_dir = tmp_path / "run"
-    command = _train_command(small_corpus, run_dir, "--train-steps", "60",
+    command = tiny_train_command(small_corpus, run_dir, "--train-steps", "60",
                              "--checkpoint-every", "1000", "--backup-minutes", "0.005",
                              "--validation-bleu-sentences", "0")
     log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(command, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(command, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 600
     run = runs.RunFolder(run_dir)
     try:
@@ -432,7 +419,7 @@ def test_train_errors_are_one_line_without_tensorflow_noise(tmp_path, problem):
         extra, expected = ["--init-from", str(tmp_path / "no_run")], "no_run does not exist"
     else:
         extra, expected = ["--vocab-size", "60"], "--vocab-size 60: SentencePiece training"
-    env = _env()
+    env = subprocess_env()
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as in a user's shell
     result = subprocess.run(
         [sys.executable, "-m", "keras_transformer", "train", "--data", str(corpus),
