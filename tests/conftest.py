@@ -220,6 +220,23 @@ def _keeping_tensorflow_caches():
 
 
 @pytest.fixture(autouse=True)
+def _package_logger():
+    """Puts the `keras_transformer` logger back as it was after each test.
+
+    A command run in-process (`commands.main`) calls `setup_logging`, which
+    adds a handler on the test's captured stderr and stops propagation: left
+    in place, later tests of the same worker would log into a closed stream
+    and `caplog` would see nothing.
+    """
+    import logging
+
+    logger = logging.getLogger("keras_transformer")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     import keras
 
