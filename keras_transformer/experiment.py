@@ -536,9 +536,10 @@ def _diverged(run, divergence):
     update, loss, reason = divergence.diverged
     good = divergence.last_good
     run.roll_back_to(good)  # moves later states and log rows aside, deletes nothing
-    newest = run.newest_state_text()
-    if "newest good state" in newest:
-        newest = newest.replace("the newest good state is ", "the newest state before it is ")
+    state = run.newest_good_state()
+    if state is not None:
+        newest = (f"the newest state before it is {state[1].relative_to(run.root)} "
+                  f"(update {state[0]})")
         again = "continue from that state"
     else:
         newest = "no state was written before it"

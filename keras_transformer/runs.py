@@ -414,18 +414,18 @@ class RunFolder:
             sha256=file_sha256(self.tokenizer_file),
             source=str(pathlib.Path(source).resolve())))
 
-    def tokenizer_problem(self):
+    def _tokenizer_problem(self, recorded):
         """Why `spm.model` cannot be used (a string), or `None` when it is intact.
 
         Intact means: a SentencePiece model with this package's special ids
-        and, when the run recorded its sha256 (`vocabulary.json`), that sha256.
+        and, when the run recorded a sha256 (`recorded`, from
+        `vocabulary.json`), that sha256.
         """
         from keras_transformer.data.tokenizer import check_model_proto
 
         path = self.tokenizer_file
         if not path.is_file():
             return "missing"
-        recorded = (self.read_json(VOCABULARY_INFO_FILE) or {}).get("sha256")
         if recorded and file_sha256(path) != recorded:
             return f"its sha256 is not the {recorded[:12]}... that {VOCABULARY_INFO_FILE} recorded"
         try:
@@ -437,7 +437,7 @@ class RunFolder:
     def restore_tokenizer(self, say=None, candidates=()):
         """Checks `spm.model`; restores a damaged one from its recorded source.
 
-        A damaged file (see `tokenizer_problem`) is replaced by the prepared
+        A damaged file (see `_tokenizer_problem`) is replaced by the prepared
         corpus's `spm.model` it was copied from (or one of `candidates`) when
         that file's sha256 is the one the run recorded; the damaged file is
         moved to `damaged/`.
@@ -449,18 +449,15 @@ class RunFolder:
             RunError: it is damaged and cannot be restored; the message says how.
         """
         say = say or logger.warning
-        problem = self.tokenizer_problem()
-        if problem is None:
-            return self.tokenizer_file
         info = self.read_json(VOCABULARY_INFO_FILE) or {}
         recorded, source = info.get("sha256"), info.get("source")
-        for candidate in [source, *candidates]:
-            if recorded and candidate and pathlib.Path(candidate).is_file() \
-                    and file_sha256(candidate) == recorded:
-                source = str(candidate)
-                break
-        if recorded and source and pathlib.Path(source).is_file() \
-                and file_sha256(source) == recorded:
+        problem = self._tokenizer_problem(recorded)
+        if problem is None:
+            return self.tokenizer_file
+        intact = next((pathlib.Path(c) for c in (source, *candidates)
+                       if recorded and c and pathlib.Path(c).is_file()
+                       and file_sha256(c) == recorded), None)
+        if intact is not None:
             if self.tokenizer_file.exists():
                 target = _unused_name(self.root / DAMAGED_DIR / TOKENIZER_FILE)
                 target.parent.mkdir(exist_ok=True)
@@ -468,8 +465,8 @@ class RunFolder:
                 moved = f"; the damaged file is now {target}"
             else:
                 moved = ""
-            write_bytes(self.tokenizer_file, pathlib.Path(source).read_bytes())
-            say(f"{self.tokenizer_file} was damaged ({problem}): restored it from {source}, "
+            write_bytes(self.tokenizer_file, intact.read_bytes())
+            say(f"{self.tokenizer_file} was damaged ({problem}): restored it from {intact}, "
                 f"whose sha256 is the one the run recorded{moved}.")
             return self.tokenizer_file
         if recorded:
@@ -490,14 +487,27 @@ class RunFolder:
 
     # --- what is intact ----------------------------------------------------------
 
+    def newest_good_state(self):
+        """`(update, path)` of the newest readable state, or `None` when there is none.
+
+        For error messages: unlike `latest_state` it does not raise when
+        nothing is readable (damaged files found are still reported and set
+        aside, as `latest_state` does).
+        """
+        try:
+            update, path = self.latest_state()
+        except RunError:
+            return None
+        return None if path is None else (update, path)
+
     def newest_state_text(self):
         """A phrase naming the newest readable backup or checkpoint, for error messages."""
-        try:
-            update, path = self.latest_state(say=lambda message: None)
-        except RunError:
+        state = self.newest_good_state()
+        if state is None:
+            if not self.state_files():
+                return f"{self.root} holds no backup or checkpoint yet"
             return f"no readable backup or checkpoint in {self.root}"
-        if path is None:
-            return f"{self.root} holds no backup or checkpoint yet"
+        update, path = state
         return f"the newest good state is {path.relative_to(self.root)} (update {update})"
 
     # --- resuming ------------------------------------------------------------

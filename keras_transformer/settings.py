@@ -302,7 +302,7 @@ def add_arguments(parser):
             _flag(f.name), dest=f.name, default=argparse.SUPPRESS,
             type=_type_of(f.type, default), choices=f.metadata.get("choices"),
             help=f.metadata["help"] + shown)
-        if f.type is bool or str(f.type) == "bool":
+        if _type_of(f.type, default) is _parse_bool:
             groups[section].add_argument(
                 "--no-" + _flag(f.name)[2:], dest=f.name, action="store_const", const=False,
                 default=argparse.SUPPRESS, help=f"the same as {_flag(f.name)} false")
