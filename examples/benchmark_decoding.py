@@ -679,6 +679,13 @@ RUNNERS = {"keras": keras_runner, "hf": hf_runner, "ct2": ct2_runner}
 PREPARERS = {"ct2-marian": prepare_ct2_marian, "ct2-ours": prepare_ct2_ours}
 
 
+def percentile(values, q):
+    """The nearest-rank `q`-th percentile of `values`."""
+    values = sorted(values)
+    index = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
+    return values[index]
+
+
 def peak_rss_mib():
     import resource
 

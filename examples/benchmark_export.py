@@ -42,13 +42,15 @@ import tempfile
 import time
 
 EXAMPLES = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(EXAMPLES)
 if EXAMPLES not in sys.path:
     sys.path.insert(0, EXAMPLES)
 
 from benchmark_decoding import (  # noqa: E402
     busiest_round,
+    child_environment,
     child_main,
+    peak_rss_mib,
+    percentile,
     rotated,
     run_child,
 )
@@ -96,12 +98,6 @@ def parse_args(argv=None):
     return args
 
 
-def percentile(values, q):
-    """The nearest-rank `q`-th percentile of `values`."""
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
-
-
 def graph_stats(saved_model_dir):
     """`saved_model.pb` bytes, functions in its library and nodes (graph + functions)."""
     from tensorflow.core.protobuf import saved_model_pb2
@@ -146,8 +142,6 @@ def export_worker(spec):
 
 def serve_worker(spec):
     """Load + first request in this fresh process, then latency and throughput."""
-    import resource
-
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
@@ -180,19 +174,12 @@ def serve_worker(spec):
               "load_and_first_seconds": first_at - start,
               "p50_ms": 1000 * percentile(latencies, 50),
               "sentences_per_second": large * spec["large_calls"] / seconds,
-              "serve_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+              "serve_peak_mib": peak_rss_mib()}
     result.update(graph_stats(spec["path"]))
     return result
 
 
 # --- the parent -----------------------------------------------------------------------------
-
-
-def child_env():
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=REPO_ROOT)
-    env.pop("KERAS_BACKEND", None)
-    return env
 
 
 def training_peaks(run_dir):
@@ -252,7 +239,7 @@ def run_benchmark(args, work_dir, log=print):
         figures["runs"][label] = {**run, "training": training_peaks(run["run_dir"]),
                                   "rounds": {s: [] for s in systems}, "errors": {},
                                   "summary": {}}
-    env = child_env()
+    env = child_environment()
     for round_index in range(args.rounds):
         for label, run in runs.items():
             entry = figures["runs"][label]

@@ -65,6 +65,7 @@ for _path in (REPO_ROOT, EXAMPLES):
 from benchmark_decoding import (  # noqa: E402
     child_environment,
     child_main,
+    percentile,
     rotated,
     busiest_round,
     run_child,
@@ -158,13 +159,6 @@ def request_batches(sentences, batch_size, calls):
     """`calls` requests of `batch_size` sentences, walking through `sentences`."""
     batches = [sentences[(i * batch_size) % len(sentences):][:batch_size] for i in range(calls)]
     return [b if len(b) == batch_size else sentences[:batch_size] for b in batches]
-
-
-def percentile(values, q):
-    """The nearest-rank `q`-th percentile of `values`."""
-    values = sorted(values)
-    index = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
-    return values[index]
 
 
 # --- inside the workers -----------------------------------------------------------------
