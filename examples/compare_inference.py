@@ -257,7 +257,7 @@ def run_system(name, spec):
 
 def summarize(systems, rounds, outputs, references):
     """Per system: BLEU, chrF, agreement with the reference, speed median and spread."""
-    from keras_transformer.translate import score_translations
+    from keras_transformer.evaluation import score_translations
 
     reference = outputs.get(REFERENCE)
     summary, signature = {}, None

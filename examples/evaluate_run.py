@@ -12,7 +12,7 @@ works here too; see README.md):
 checkpoint), ckpt-<update> or .weights.h5 paths. Prints sacreBLEU BLEU and
 chrF (detokenized, 13a, mixed case) per weights, beam size and split, and a
 Markdown table at the end. The logic is
-`keras_transformer.experiment.evaluate_run`.
+`keras_transformer.evaluation.evaluate_run`.
 """
 
 import sys

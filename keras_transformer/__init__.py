@@ -24,7 +24,9 @@ _EXPORTS = {
                                    "TrainingTimer", "average_checkpoints", "compile_model",
                                    "list_checkpoints", "optimizer_updates", "paper_optimizer",
                                    "peak_memory_mib", "plot_training"],
-    "keras_transformer.translate": ["BleuResult", "Translator", "evaluate_bleu"],
+    "keras_transformer.evaluation": ["BleuResult", "evaluate_bleu", "evaluate_run",
+                                     "score_translations"],
+    "keras_transformer.translate": ["Translator"],
     # TensorFlow-only.
     "keras_transformer.export": ["export_saved_model"],
 }

@@ -603,7 +603,7 @@ def finalize_weights(model, run, settings):
 
 def evaluate_test(translator, run, settings, corpus):
     """Stage 8: beam search of the test split (or `eval_split`), scored with sacreBLEU."""
-    from keras_transformer.translate import evaluate_bleu
+    from keras_transformer.evaluation import evaluate_bleu
 
     source, reference = corpus.text_paths(settings.eval_split)
     return evaluate_bleu(translator, source, reference, max_sentences=settings.eval_sentences,
@@ -678,7 +678,7 @@ def train(settings):
 def _train_in(run, settings, corpus):
     """`train` once the corpus is known and the run folder is locked."""
     from keras_transformer.translate import Translator
-    from keras_transformer.translate import _read_lines as read_lines
+    from keras_transformer.evaluation import read_lines
 
     s = settings
     tokenizer = prepare_tokenizer(s, run, corpus)
@@ -772,81 +772,7 @@ def _train_in(run, settings, corpus):
     return summary
 
 
-# --- scoring a finished run --------------------------------------------------------
-
-
-def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
-                 beam_sizes=(4,), alpha=None, quantize=None, max_sentences=None,
-                 verbose=True):
-    """Scores a run's weights on test splits with sacreBLEU.
-
-    Loads the model and tokenizer of `run_dir` (`runs.load_run`), then for
-    every weights name, beam size and split translates
-    `<corpus_dir>/<split>.en` and scores it against `<split>.de`.
-
-    Args:
-        run_dir: a training run folder, e.g. `runs/multi30k_small`.
-        corpus_dir: folder with `<split>.en` / `<split>.de` files.
-        splits: file stems, e.g. `("test", "test_2017_flickr")`.
-        weights: names understood by `runs.resolve_weights` (`"final"`,
-            `"averaged"`, `"best"`, `"last"`, `"ckpt-2000"`, or paths).
-        beam_sizes: 1 is greedy decoding.
-        alpha: length penalty of beam search (default `DecodingOptions`'), or
-            a sequence of them: one row per value (tuning on a validation
-            split).
-        quantize: `"int8"` scores a quantized copy of each weights
-            (`keras_transformer.model.quantized`).
-        max_sentences: score only the first lines of each split.
-        verbose: log each row as it is measured.
-
-    Returns:
-        A list of dicts with `weights`, `beam_size`, `alpha`, `split`, `bleu`,
-        `chrf`, `num_sentences`, `seconds`, `bleu_signature` and
-        `chrf_signature`.
-    """
-    from keras_transformer.decoding import DecodingOptions
-    from keras_transformer.model import quantized
-    from keras_transformer.translate import Translator, evaluate_bleu
-
-    run_dir, corpus_dir = pathlib.Path(run_dir), pathlib.Path(corpus_dir)
-    runs.check_run(run_dir)
-    files = {}
-    for split in splits:
-        source, reference = corpus_dir / f"{split}.en", corpus_dir / f"{split}.de"
-        if not (source.exists() and reference.exists()):
-            raise FileNotFoundError(f"split {split!r} needs {source} and {reference}")
-        files[split] = (source, reference)
-    alphas = ([DecodingOptions().alpha] if alpha is None else
-              [float(a) for a in alpha] if isinstance(alpha, (list, tuple)) else [float(alpha)])
-    weight_paths = {name: runs.resolve_weights(run_dir, name) for name in weights}
-    model, tokenizer = runs.load_run(run_dir)
-    final = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
-    rows = []
-    for name, path in weight_paths.items():
-        if path is None:
-            model.set_weights(final)
-        else:
-            runs.load_model_weights(model, path)
-        translator = Translator(quantized(model, quantize) if quantize else model, tokenizer)
-        for beam_size, alpha_, (split, (source, reference)) in itertools.product(
-                beam_sizes, alphas, files.items()):
-            start = time.time()
-            result = evaluate_bleu(translator, source, reference, beam_size=beam_size,
-                                   alpha=alpha_, max_sentences=max_sentences, verbose=False)
-            row = dict(weights=name, beam_size=beam_size, alpha=alpha_, split=split,
-                       quantize=quantize, bleu=result.bleu, chrf=result.chrf,
-                       num_sentences=result.num_sentences, seconds=time.time() - start,
-                       bleu_signature=result.bleu_signature,
-                       chrf_signature=result.chrf_signature)
-            rows.append(row)
-            if verbose:
-                logger.info(f"{name:>10s}  beam {beam_size}  alpha {alpha_:g}  {split:18s} "
-                            f"BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
-                            f"({row['num_sentences']} sentences, {row['seconds']:.0f} s)")
-    return rows
-
-
-__all__ = ["BatchPlan", "FitReport", "build_model_for_run", "evaluate_run", "evaluate_test",
+__all__ = ["BatchPlan", "FitReport", "build_model_for_run", "evaluate_test",
            "export_run", "finalize_weights", "fit", "get_strategy", "load_settings",
            "make_datasets", "num_replicas", "plan_batches", "prepare_data",
            "prepare_tokenizer", "restore", "corpus_inputs", "train", "validation_sample"]

@@ -185,7 +185,7 @@ class Validator(keras.callbacks.Callback):
         self.chief = is_chief()
 
     def validate(self):
-        from keras_transformer.translate import score_translations
+        from keras_transformer.evaluation import score_translations
 
         update = self.clock.update
         start = time.perf_counter()

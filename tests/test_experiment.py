@@ -10,7 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from keras_transformer.experiment import corpus_inputs, evaluate_run
+from keras_transformer.evaluation import evaluate_run
+from keras_transformer.experiment import corpus_inputs
 from keras_transformer.runs import resolve_weights
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -140,7 +141,7 @@ def test_evaluate_run_scores_each_weights_file(shared_data, tmp_path):
 def test_evaluate_run_gives_a_row_per_alpha(shared_data, tmp_path, monkeypatch):
     import types
 
-    from keras_transformer import translate
+    from keras_transformer import evaluation
 
     corpus, _ = _fake_run(shared_data, tmp_path)
     calls = []
@@ -150,7 +151,7 @@ def test_evaluate_run_gives_a_row_per_alpha(shared_data, tmp_path, monkeypatch):
         return types.SimpleNamespace(bleu=10 * alpha + beam_size, chrf=0.0, num_sentences=1,
                                      bleu_signature="sig", chrf_signature="chrf-sig")
 
-    monkeypatch.setattr(translate, "evaluate_bleu", fake_evaluate_bleu)
+    monkeypatch.setattr(evaluation, "evaluate_bleu", fake_evaluate_bleu)
     rows = evaluate_run(tmp_path, corpus, splits=["valid", "test"], weights=["ckpt-20"],
                         beam_sizes=[1, 4], alpha=[0.0, 1.5], verbose=False)
     expected = [(split + ".en", beam, alpha) for beam in (1, 4) for alpha in (0.0, 1.5)

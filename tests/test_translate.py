@@ -7,7 +7,8 @@ from keras_transformer.config import TransformerConfig
 from keras_transformer.decoding import beam_search
 from keras_transformer.model import build_model
 from keras_transformer.plotting import plot_attention
-from keras_transformer.translate import Translator, evaluate_bleu, score_translations
+from keras_transformer.evaluation import evaluate_bleu, score_translations
+from keras_transformer.translate import Translator
 from layer_test_utils import to_np
 
 WORDS = [f"w{i}" for i in range(46)]  # with the 4 special tokens: 50 ids

@@ -35,7 +35,7 @@ def run_evaluate(args):
     if negative:
         raise CommandError(f"--alpha must be >= 0, received {negative[0]:g}")
     setup_logging()
-    from keras_transformer.experiment import evaluate_run
+    from keras_transformer.evaluation import evaluate_run
 
     rows = evaluate_run(args.run, args.data, splits=args.splits, weights=args.weights,
                         beam_sizes=args.beam_sizes, alpha=args.alpha,
