@@ -13,6 +13,11 @@
 # With pytest-xdist installed (the `test` extra), each run spreads its tests
 # over KT_TEST_WORKERS processes (default: the CPU count, at most 4; 1 turns
 # it off), grouping the modules that share an expensive fixture.
+#
+# Reporting: pytest lists the 15 slowest tests of each backend
+# (--durations=15; a --durations given here overrides it), each run ends with
+# its wall time, and a summary at the end gives every backend's time and
+# result and the total.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
@@ -27,6 +32,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 first=1
+summary_lines=()
+total_start=$SECONDS
 for backend in ${KT_BACKENDS:-tensorflow jax torch}; do
     if [ "$first" -eq 1 ]; then
         skip=0
@@ -38,18 +45,35 @@ for backend in ${KT_BACKENDS:-tensorflow jax torch}; do
     first=0
     start=$SECONDS
     KT_SKIP_BACKEND_INDEPENDENT=$skip KERAS_BACKEND=$backend \
-        python -m pytest -q -p no:cacheprovider --durations=5 "${parallel[@]}" "$@" | tee "$log"
+        python -m pytest -q -p no:cacheprovider --durations=15 "${parallel[@]}" "$@" | tee "$log"
     code=${PIPESTATUS[0]}
-    echo "=== KERAS_BACKEND=$backend: pytest exit $code in $((SECONDS - start)) s"
-    summary=$(tail -n 1 "$log")
-    if [ "$code" -eq 5 ] && [ "$skip" -eq 1 ] \
-        && grep -Eq '[0-9]+ deselected' <<<"$summary" \
-        && ! grep -Eq 'passed|failed|error|skipped|xfail|xpass' <<<"$summary"; then
+    seconds=$((SECONDS - start))
+    echo "=== KERAS_BACKEND=$backend: pytest exit $code in $seconds s"
+    last=$(tail -n 1 "$log")
+    if [ "$code" -eq 0 ]; then
+        result="passed"
+    elif [ "$code" -eq 5 ] && [ "$skip" -eq 1 ] \
+        && grep -Eq '[0-9]+ deselected' <<<"$last" \
+        && ! grep -Eq 'passed|failed|error|skipped|xfail|xpass' <<<"$last"; then
         echo "=== KERAS_BACKEND=$backend: nothing left after deselecting; the backend-independent tests ran under the first backend"
-        continue
+        result="passed (nothing left after deselecting)"
+    elif [ "$code" -eq 5 ]; then
+        status=1
+        result="FAILED (pytest exit 5: no tests collected)"
+    else
+        status=1
+        result="FAILED (pytest exit $code)"
     fi
-    if [ "$code" -ne 0 ]; then
-        status=1  # includes exit 5: no tests collected
-    fi
+    summary_lines+=("$(printf '%-10s %6d s  %s' "$backend" "$seconds" "$result")")
 done
+if [ "${#summary_lines[@]}" -eq 0 ]; then
+    echo "=== no backend to run (KT_BACKENDS='${KT_BACKENDS:-}')"
+    exit 1
+fi
+echo "=== summary (wall time per backend, result)"
+for line in "${summary_lines[@]}"; do
+    echo "=== $line"
+done
+if [ "$status" -eq 0 ]; then overall="passed"; else overall="FAILED"; fi
+echo "=== $(printf '%-10s %6d s  %s' total "$((SECONDS - total_start))" "$overall")"
 exit $status
