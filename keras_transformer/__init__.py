@@ -11,8 +11,8 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "keras_transformer.config": ["DecodingOptions", "TransformerConfig"],
-    "keras_transformer.decoding": ["beam_search", "decode", "greedy_decode", "length_penalty"],
+    "keras_transformer.config": ["DecodingOptions", "TransformerConfig", "length_penalty"],
+    "keras_transformer.decoding": ["beam_search", "decode", "greedy_decode"],
     "keras_transformer.layers": ["DecoderLayer", "EncoderLayer", "MultiHeadAttention",
                                  "PaddingMask", "PositionalEncoding", "SharedEmbedding",
                                  "TransformerDecoder", "TransformerEncoder"],

@@ -4,7 +4,8 @@
 the model, the loss and the learning-rate schedule need, so that the example
 script, the tests and the benchmarks share one source of truth, and
 `DecodingOptions` does the same for decoding (beam size, length penalty,
-length limit). It imports no Keras: data and export code can read it without
+length limit), with `length_penalty`, the one definition of GNMT's length
+normalisation. It imports no Keras: data and export code can read it without
 building anything.
 """
 
@@ -312,3 +313,33 @@ class DecodingOptions:
         """A copy with some fields changed; `None` values keep the current ones."""
         changes = {k: v for k, v in changes.items() if v is not None}
         return dataclasses.replace(self, **changes) if changes else self
+
+
+def length_penalty(length, alpha):
+    """GNMT's length normalisation lp(Y) = ((5 + |Y|) / 6) ** alpha.
+
+    Beam search divides a hypothesis' summed log-probability by `lp(Y)`
+    before comparing it with others (Wu et al., 2016, section 7). `|Y|` is
+    the number of generated tokens, EOS included. The one definition of the
+    formula: `keras_transformer.decoding` calls it on tensors, the
+    CTranslate2 translator on Python numbers. Plain arithmetic, so it takes
+    Python numbers, NumPy arrays and float tensors of any backend alike
+    (cast integer tensors to a float type first: `decoding` uses float32).
+
+    Args:
+        length: `|Y|`, a number, a NumPy array or a float tensor.
+        alpha: the strength, a number; 0 disables normalisation, the paper
+            uses 0.6.
+
+    Returns:
+        `lp(Y)`: a float for a number, otherwise of the type (and float
+        dtype) of `length`.
+
+    Example:
+
+    >>> length_penalty(1, 0.6)
+    1.0
+    >>> length_penalty(7, 0.6) == 2.0 ** 0.6
+    True
+    """
+    return ((5.0 + length) / 6.0) ** alpha

@@ -41,37 +41,13 @@ import weakref
 import keras
 from keras import ops
 
-from keras_transformer.config import DecodingOptions
+from keras_transformer.config import DecodingOptions, length_penalty
 from keras_transformer.layers.updates import slice_update
 
 _NEG_INF = float("-inf")
 
 # Compiled searches, per model and static setting: {model: {key: fn}}.
 _COMPILED = weakref.WeakKeyDictionary()
-
-
-def length_penalty(length, alpha):
-    """GNMT's length normalisation lp(Y) = ((5 + |Y|) / 6) ** alpha.
-
-    Beam search divides a hypothesis' summed log-probability by `lp(Y)`
-    before comparing it with others (Wu et al., 2016, section 7). `|Y|` is
-    the number of generated tokens, EOS included.
-
-    Args:
-        length: `|Y|`, a number or a tensor.
-        alpha: the strength; 0 disables normalisation, the paper uses 0.6.
-
-    Returns:
-        `lp(Y)`, of the type of `length` (float32 for tensors).
-
-    Example:
-
-    >>> length_penalty(1, 0.6)
-    1.0
-    """
-    if isinstance(length, (int, float)):
-        return ((5.0 + length) / 6.0) ** alpha
-    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
 
 
 def output_length_limits(source_ids, config, max_extra_length=DecodingOptions.max_extra_length):
@@ -494,7 +470,8 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
     K, L = beam_size, buffer_length
     max_lengths = ops.cast(ops.convert_to_tensor(max_lengths), "int32")
     B = ops.shape(max_lengths)[0]  # an int, or a scalar tensor in a TF graph
-    max_penalty = length_penalty(ops.maximum(max_lengths, 1), alpha)  # (B,)
+    max_penalty = length_penalty(ops.cast(ops.maximum(max_lengths, 1), "float32"),
+                                 alpha)  # (B,)
 
     alive_seq = ops.reshape(_initial_tokens(B * K, L, bos_id, pad_id), (B, K, L + 1))
     # Only beam 0 is live at first, so the K copies of BOS do not fill the beam.
@@ -548,7 +525,8 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
                                offsets[K])
 
         # Finished: the K best of the old finished and the newly ended.
-        new_scores = ops.where(ends, top_log_probs / length_penalty(length, alpha), _NEG_INF)
+        new_scores = ops.where(
+            ends, top_log_probs / length_penalty(ops.cast(length, "float32"), alpha), _NEG_INF)
         merged_scores = ops.concatenate([state["finished_scores"], new_scores], axis=1)
         finished_scores, finished_pick = ops.top_k(merged_scores, K)  # (B, K)
         finished_pick = ops.cast(finished_pick, "int32")
@@ -824,5 +802,5 @@ def decode(model, source_ids, options=None, *, jit_compile=None):
     # The generated ids (EOS included) are the non-pad ones.
     lengths = ops.sum(ops.cast(ops.not_equal(tokens, model.config.pad_id), "int32"), axis=1)
     scores = ops.sum(ops.cast(step_log_probs, "float32"), axis=1) / length_penalty(
-        ops.maximum(lengths, 1), options.alpha)
+        ops.cast(ops.maximum(lengths, 1), "float32"), options.alpha)
     return tokens, scores

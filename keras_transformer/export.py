@@ -12,7 +12,7 @@ SavedModel has two signatures, both `text` (`tf.string`, `(batch,)`) ->
 - `translate_greedy`: greedy decoding.
 
 `score` is the length-normalised log-probability `log P(Y) / lp(Y)` of the
-output (`keras_transformer.decoding.length_penalty`, the exported `alpha`,
+output (`keras_transformer.config.length_penalty`, the exported `alpha`,
 EOS counted), and 0 for an empty input.
 
 It is written in TF Serving's layout `<base>/<model_name>/<version>/`

@@ -82,6 +82,8 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer.config import length_penalty as gnmt_length_penalty
+
 DEFAULT_BASE = "saved_models"
 FOLDER_SUFFIX = "-ct2"
 TOKENIZER_FILE = "spm.model"
@@ -557,7 +559,7 @@ class CTranslate2Translator:
         Args:
             source_ids: list of int lists, each ending with EOS.
             beam_size: 1 is greedy decoding.
-            alpha: GNMT length-penalty strength, ours (`decoding.length_penalty`):
+            alpha: GNMT length-penalty strength, ours (`config.length_penalty`):
                 the finished hypotheses are ranked by
                 `log P(Y) / ((5 + |Y|) / 6) ** alpha`, `|Y|` counting EOS.
             length_penalty: if given, CTranslate2's own normalisation instead,
@@ -583,10 +585,8 @@ class CTranslate2Translator:
         for result, limit in zip(results, limits):
             best = result.hypotheses[0]
             if rerank:
-                # Raw log-probabilities (length_penalty 0), EOS counted in |Y|;
-                # decoding.length_penalty's formula, not imported: this module
-                # runs without Keras.
-                gnmt = [score / ((5.0 + len(hypothesis)) / 6.0) ** alpha
+                # Raw log-probabilities (length_penalty 0), EOS counted in |Y|.
+                gnmt = [score / gnmt_length_penalty(len(hypothesis), alpha)
                         for hypothesis, score in zip(result.hypotheses, result.scores)]
                 best = result.hypotheses[int(np.argmax(gnmt))]
             ids = self._ids(best)[:limit]

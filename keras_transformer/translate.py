@@ -210,7 +210,7 @@ class Translator:
 
         The translations are those of `translate` with the same arguments.
         A score is the length-normalised log-probability of the output,
-        `log P(Y) / lp(|Y|)` with `lp` = `keras_transformer.decoding.
+        `log P(Y) / lp(|Y|)` with `lp` = `keras_transformer.config.
         length_penalty` at this `alpha` and `|Y|` counting EOS (when
         generated): the value beam search ranks its hypotheses by, and, for
         greedy decoding (`beam_size=1`), the same formula applied to the greedy

@@ -9,12 +9,11 @@ import pytest
 from keras import ops
 
 from conftest import backend
-from keras_transformer.config import TransformerConfig
+from keras_transformer.config import TransformerConfig, length_penalty
 from keras_transformer.decoding import (
     beam_search,
     cache_lengths,
     greedy_decode,
-    length_penalty,
     output_length_limits,
     run_beam_search,
     run_greedy_search,
@@ -272,11 +271,20 @@ def test_output_length_limits():
 
 
 def test_length_penalty_values():
+    # One definition (keras_transformer.config) for Python numbers, NumPy
+    # arrays and float tensors of the backend; the searches use it.
+    import keras_transformer.decoding
+
+    assert keras_transformer.decoding.length_penalty is length_penalty
     assert length_penalty(1, 0.6) == pytest.approx(1.0)
     assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
     assert length_penalty(30, 0.0) == 1.0
-    np.testing.assert_allclose(to_np(length_penalty(ops.convert_to_tensor([1, 7]), 1.0)),
-                               [1.0, 2.0], rtol=1e-6)
+    lengths = np.array([1, 7, 30])
+    expected = ((5 + lengths) / 6) ** 0.6
+    np.testing.assert_allclose(length_penalty(lengths, 0.6), expected, rtol=1e-12)
+    tensor = length_penalty(ops.convert_to_tensor(lengths, "float32"), 0.6)
+    assert ops.is_tensor(tensor) and ops.dtype(tensor) == "float32"
+    np.testing.assert_allclose(to_np(tensor), expected, rtol=1e-6)
 
 
 # --- scripted distributions (fairseq's test_sequence_generator style) ----------------
