@@ -236,8 +236,11 @@ def parse_args(argv=None):
                         help="source ids per sentence, EOS included")
     parser.add_argument("--lengths", type=int, nargs="+", default=[64],
                         help="forced output lengths (at least --source-length)")
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6, help="length-penalty strength")
+    # Decoding defaults: DecodingOptions' (resolve_settings; the workers do
+    # not import keras_transformer to parse their arguments).
+    parser.add_argument("--beam-size", type=int, help="default: DecodingOptions().beam_size")
+    parser.add_argument("--alpha", type=float,
+                        help="length-penalty strength (default: DecodingOptions().alpha)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of PyTorch and CTranslate2 (default: the usable cores)")
     parser.add_argument("--ct2-threads", type=int, default=None,
@@ -266,8 +269,12 @@ def usable_cores():
 
 def resolve_settings(args):
     """The workers' settings from the command line; `SystemExit` with one line if invalid."""
-    from keras_transformer.config import TransformerConfig
+    from keras_transformer.config import DecodingOptions, TransformerConfig
 
+    if args.beam_size is None:
+        args.beam_size = DecodingOptions.beam_size
+    if args.alpha is None:
+        args.alpha = DecodingOptions.alpha
     for name in ("rounds", "repeats", "uncached_repeats", "batch_size", "beam_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, "

@@ -92,8 +92,10 @@ def parse_args(argv=None):
     parser.add_argument("--max-length", type=int, default=64,
                         help="config.max_length = max_source_length of the export")
     parser.add_argument("--max-extra-length", type=int, default=30)
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6)
+    # Decoding defaults: DecodingOptions' (resolve_settings; a worker parses
+    # its arguments without importing keras_transformer).
+    parser.add_argument("--beam-size", type=int, help="default: DecodingOptions().beam_size")
+    parser.add_argument("--alpha", type=float, help="default: DecodingOptions().alpha")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--calls", type=int, default=12,
                         help="timed requests per batch size, path and round")
@@ -124,8 +126,12 @@ def parse_args(argv=None):
 
 def resolve_settings(args):
     """The workers' settings; `SystemExit` with one line for bad input."""
-    from keras_transformer.config import TransformerConfig
+    from keras_transformer.config import DecodingOptions, TransformerConfig
 
+    if args.beam_size is None:
+        args.beam_size = DecodingOptions.beam_size
+    if args.alpha is None:
+        args.alpha = DecodingOptions.alpha
     for name in ("calls", "rounds", "beam_size", "vocab_size", "max_length"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, "

@@ -91,12 +91,14 @@ def parse_args(argv=None):
                         metavar="SYSTEM", help=f"default all: {' '.join(SYSTEMS)}")
     parser.add_argument("--backend", choices=BACKENDS, default="tensorflow",
                         help="KERAS_BACKEND of the translator workers (default tensorflow)")
-    parser.add_argument("--beam-size", type=int, help="default 4 (DecodingOptions)")
-    parser.add_argument("--alpha", type=float, help="our GNMT length penalty (default 0.6)")
+    parser.add_argument("--beam-size", type=int, help="default: DecodingOptions().beam_size")
+    parser.add_argument("--alpha", type=float,
+                        help="our GNMT length penalty (default: DecodingOptions().alpha)")
     parser.add_argument("--length-penalty", type=float,
                         help="rank CTranslate2's finished hypotheses by its own "
                              "|Y| ** length_penalty (default: our GNMT penalty at --alpha)")
-    parser.add_argument("--max-extra-length", type=int, help="default 50")
+    parser.add_argument("--max-extra-length", type=int,
+                        help="default: DecodingOptions().max_extra_length")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="sentences per batch or request (default 32)")
     parser.add_argument("--max-sentences", type=int, help="only the first N sentences")

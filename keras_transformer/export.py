@@ -87,20 +87,21 @@ import tempfile
 
 import tensorflow as tf
 
-from keras_transformer.decoding import DecodingOptions
+from keras_transformer import names
+from keras_transformer.config import DecodingOptions
 from keras_transformer.model import QUANTIZATION_MODES, quantized
 from keras_transformer.runs import (RunError, WriteError, check_run, load_run,
                                     resolve_weights)
 from keras_transformer.serving_warmup import write_warmup_requests
 
-DEFAULT_BASE = "saved_models"
+DEFAULT_BASE = names.EXPORT_ROOT
 DEFAULT_MODEL_NAME = "transformer"
 # 2: one search per signature, any batch size and width (1: one per bucket).
 EXPORT_FORMAT_VERSION = 2
-BEAM_SIGNATURE = "serving_default"
-GREEDY_SIGNATURE = "translate_greedy"
-INPUT_NAME = "text"
-TOKENIZER_ASSET = "spm.model"
+BEAM_SIGNATURE = names.BEAM_SIGNATURE
+GREEDY_SIGNATURE = names.GREEDY_SIGNATURE
+INPUT_NAME = names.INPUT_NAME
+TOKENIZER_ASSET = names.TOKENIZER_FILE
 DEFAULT_BATCH_SIZE = 32
 
 # Ops TF Serving cannot run: Python callbacks, TF Addons custom ops, and
@@ -429,7 +430,7 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         with tempfile.TemporaryDirectory(prefix="kt_export_") as tmp:
             tmp = pathlib.Path(tmp)
             model.save_weights(tmp / "model.weights.h5")
-            (tmp / "config.json").write_text(json.dumps(model.config.to_dict()))
+            (tmp / names.CONFIG_FILE).write_text(json.dumps(model.config.to_dict()))
             (tmp / TOKENIZER_ASSET).write_bytes(tokenizer.model_proto)
             return _export_in_subprocess(tmp, export_dir, model_name=model_name,
                                          version=version, overwrite=overwrite,

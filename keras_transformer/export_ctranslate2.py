@@ -82,18 +82,22 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer import names
+from keras_transformer.config import DecodingOptions
 from keras_transformer.config import length_penalty as gnmt_length_penalty
 
-DEFAULT_BASE = "saved_models"
+DEFAULT_BASE = names.EXPORT_ROOT
 FOLDER_SUFFIX = "-ct2"
-TOKENIZER_FILE = "spm.model"
+TOKENIZER_FILE = names.TOKENIZER_FILE
 INFO_FILE = "keras_transformer.json"
 # Weight types of CTranslate2's `quantization` argument (float32 is the default).
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                 "float16", "bfloat16")
-# Positions of the sinusoid table beyond `max_length`: Translator's default
-# max_extra_length (outputs up to source length + 50 ids, as in the paper).
-EXTRA_POSITIONS = 50
+QUANTIZATIONS = names.CTRANSLATE2_QUANTIZATIONS
+# The decoding defaults (`DecodingOptions`: the paper's beam 4, alpha 0.6,
+# outputs up to source length + 50 ids).
+_DECODING = DecodingOptions()
+# Positions of the sinusoid table beyond `max_length`: the default
+# max_extra_length, the longest output `Translator` produces by default.
+EXTRA_POSITIONS = _DECODING.max_extra_length
 INSTALL_HINT = ("CTranslate2 export needs the ctranslate2 package: pip install ctranslate2 "
                 "(or pip install 'keras-transformer[ctranslate2]')")
 
@@ -494,7 +498,8 @@ class CTranslate2Translator:
     """
 
     def __init__(self, model_dir, *, device="cpu", compute_type="default", intra_threads=0,
-                 inter_threads=1, batch_size=32, max_extra_length=EXTRA_POSITIONS):
+                 inter_threads=1, batch_size=32,
+                 max_extra_length=_DECODING.max_extra_length):
         import sentencepiece
 
         ctranslate2 = _ctranslate2()
@@ -553,7 +558,8 @@ class CTranslate2Translator:
 
     # --- decoding ------------------------------------------------------------------
 
-    def translate_ids(self, source_ids, *, beam_size=4, alpha=0.6, length_penalty=None):
+    def translate_ids(self, source_ids, *, beam_size=_DECODING.beam_size,
+                      alpha=_DECODING.alpha, length_penalty=None):
         """Output ids of EOS-terminated source id lists (`Translator.encode`'s form).
 
         Args:
@@ -599,7 +605,8 @@ class CTranslate2Translator:
             outputs.append(kept)
         return outputs
 
-    def translate(self, sentences, *, beam_size=4, alpha=0.6, length_penalty=None):
+    def translate(self, sentences, *, beam_size=_DECODING.beam_size, alpha=_DECODING.alpha,
+                  length_penalty=None):
         """Translates a list of sentences; see `translate_ids` for the arguments."""
         if isinstance(sentences, (str, bytes)):
             raise TypeError("translate expects a list of strings; wrap one sentence in a "

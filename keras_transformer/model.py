@@ -3,6 +3,7 @@
 import keras
 from keras import layers
 
+from keras_transformer import names
 from keras_transformer.api import register
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers.embedding import SharedEmbedding
@@ -201,7 +202,7 @@ def build_model(config=None, *, preset="base", vocab_size=None, **overrides):
     return Transformer(config)
 
 
-QUANTIZATION_MODES = ("int8",)
+QUANTIZATION_MODES = names.KERAS_QUANTIZATIONS
 
 
 def quantized(model, mode="int8"):

@@ -58,9 +58,11 @@ import socket
 
 import numpy as np
 
+from keras_transformer import names
+
 SETTINGS_FILE = "settings.json"
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "spm.model"
+CONFIG_FILE = names.CONFIG_FILE
+TOKENIZER_FILE = names.TOKENIZER_FILE
 MODEL_FILE = "model.keras"
 AVERAGED_FILE = "averaged.weights.h5"
 BEST_FILE = "best.weights.h5"

@@ -53,6 +53,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer import names
+
 __all__ = [
     "WARMUP_FILE", "WarmupRequest", "read_warmup_requests", "replay_warmup_requests",
     "warmup_sentence", "write_warmup_requests",
@@ -61,11 +63,11 @@ __all__ = [
 WARMUP_FILE = "tf_serving_warmup_requests"
 ASSETS_EXTRA = "assets.extra"
 EXPORT_OPTIONS_FILE = "export_options.json"
-TOKENIZER_ASSET = "spm.model"  # keras_transformer.export.TOKENIZER_ASSET
-DEFAULT_SIGNATURES = ("serving_default", "translate_greedy")
-DEFAULT_SIGNATURE = "serving_default"  # what TF Serving runs for an empty name
+TOKENIZER_ASSET = names.TOKENIZER_FILE  # keras_transformer.export.TOKENIZER_ASSET
+DEFAULT_SIGNATURES = names.SIGNATURES
+DEFAULT_SIGNATURE = names.BEAM_SIGNATURE  # what TF Serving runs for an empty name
 DEFAULT_LENGTHS = (8, 16, 32)  # source ids (pieces + EOS) of the warm-up sentences
-INPUT_NAME = "text"
+INPUT_NAME = names.INPUT_NAME
 MAX_RECORDS = 1000  # TF Serving's WarmupConsts::kMaxNumRecords
 
 # Field numbers of tensorflow_serving/apis/{prediction_log,predict,model}.proto.

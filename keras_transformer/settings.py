@@ -29,6 +29,7 @@ import pathlib
 import tomllib
 from typing import Optional
 
+from keras_transformer import names
 from keras_transformer.config import DecodingOptions, TransformerConfig
 
 SECTIONS = ("run", "data", "model", "training", "decoding", "export")
@@ -146,7 +147,7 @@ class Settings:
                              "on: test, or valid for a recipe search that must not "
                              "see the test set", choices=("test", "valid"))
     # [export]
-    export_dir: str = _field("saved_models", "export", "TF Serving base folder "
+    export_dir: str = _field(names.EXPORT_ROOT, "export", "TF Serving base folder "
                              "(<dir>/<model-name>/<version>); '' to skip the export")
     model_name: Optional[str] = _field(None, "export", "name of the served model "
                                        "(default: the run folder's name)")

@@ -128,6 +128,16 @@ def test_layout_is_tf_serving_model_version(export):
     assert options["beam_size"] == BEAM_SIZE and options["max_source_length"] == MAX_LENGTH
 
 
+def test_signatures_and_files_are_the_names_module_s(export, loaded):
+    """The export's signature names, input name and tokenizer asset are `names`'."""
+    from keras_transformer import names
+
+    assert sorted(loaded.signatures) == sorted(names.SIGNATURES)
+    for signature in loaded.signatures.values():
+        assert list(signature.structured_input_signature[1]) == [names.INPUT_NAME]
+    assert (export["path"] / "assets" / names.TOKENIZER_FILE).is_file()
+
+
 _CHILD = r"""
 import json, sys
 import tensorflow as tf

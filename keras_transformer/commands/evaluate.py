@@ -2,10 +2,13 @@
 
 import json
 
+from keras_transformer import names
 from keras_transformer.commands.common import CommandError, setup_logging
+from keras_transformer.config import DecodingOptions
 
 
 def add_parser(commands):
+    decoding = DecodingOptions()
     p = commands.add_parser(
         "evaluate", help="score a run's weights on test splits with sacreBLEU",
         description="Translates <data>/<split>.en with a run folder's weights and scores "
@@ -18,11 +21,13 @@ def add_parser(commands):
     p.add_argument("--weights", nargs="+", default=["final"],
                    help="final (model.keras), averaged, best, last, ckpt-<update> or "
                         ".weights.h5 paths (default: final)")
-    p.add_argument("--beam-sizes", nargs="+", type=int, default=[4], help="1 = greedy")
+    p.add_argument("--beam-sizes", nargs="+", type=int, default=[decoding.beam_size],
+                   help=f"1 = greedy (default {decoding.beam_size})")
     p.add_argument("--alpha", nargs="+", type=float,
-                   help="length penalty (default 0.6); several values give a row each "
+                   help=f"length penalty (default {decoding.alpha:g}); several values give a "
+                        "row each "
                         "(tune it on a validation split, not on the test set)")
-    p.add_argument("--quantize", choices=["int8"],
+    p.add_argument("--quantize", choices=names.KERAS_QUANTIZATIONS,
                    help="score int8 weights (Keras' model.quantize on a copy)")
     p.add_argument("--max-sentences", type=int, help="score only the first N lines")
     p.add_argument("--json", help="also write the rows to this file")

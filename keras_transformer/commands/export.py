@@ -2,20 +2,21 @@
 
 import pathlib
 
+from keras_transformer import names
 from keras_transformer.commands.common import CommandError
+from keras_transformer.config import DecodingOptions
 
 FORMATS = ("saved_model", "ctranslate2")
-# CTranslate2's weight types (keras_transformer.export_ctranslate2.QUANTIZATIONS),
-# repeated here so that building the parser imports neither module.
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                 "float16", "bfloat16")
+# CTranslate2's weight types, from `names` so that building the parser
+# imports neither export module.
+QUANTIZATIONS = names.CTRANSLATE2_QUANTIZATIONS
 # Options of the SavedModel's searches: CTranslate2 decides them when it
 # translates, so they mean nothing to its export. Their parser defaults are
 # None so that a value given with --format ctranslate2 is refused, not ignored.
 _SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_source_length",
                      "max_extra_length", "batch_size")
 # The SavedModel's own weight quantization (Keras' model.quantize).
-SAVED_MODEL_QUANTIZATIONS = ("int8",)
+SAVED_MODEL_QUANTIZATIONS = names.KERAS_QUANTIZATIONS
 
 
 def _flag(name):
@@ -26,7 +27,7 @@ def run_export(args):
     run_dir = pathlib.Path(args.run)
     if not run_dir.is_dir():
         raise CommandError(f"--run {run_dir} does not exist; expected a training run "
-                           "folder with model.keras and spm.model")
+                           f"folder with model.keras and {names.TOKENIZER_FILE}")
     if args.format == "ctranslate2":
         return _export_ctranslate2(args, run_dir)
     if args.quantize is not None and args.quantize not in SAVED_MODEL_QUANTIZATIONS:
@@ -80,24 +81,26 @@ def _export_ctranslate2(args, run_dir):
 
 
 def add_parser(commands):
+    decoding = DecodingOptions()
     e = commands.add_parser(
         "export", help="export a run folder for TF Serving or CTranslate2",
-        description="Exports a training output folder (model.keras and spm.model). "
+        description=f"Exports a training output folder (model.keras and {names.TOKENIZER_FILE}). "
                     "--format saved_model (default): a TF Serving SavedModel "
                     "<export-dir>/<model-name>/<version>/, under the TensorFlow backend "
                     "whatever backend trained it. --format ctranslate2: a CTranslate2 "
                     "model folder <export-dir>/<model-name>-ct2[-<quantize>]/ (model.bin, "
-                    "config.json, shared_vocabulary.json, spm.model) that "
+                    f"config.json, shared_vocabulary.json, {names.TOKENIZER_FILE}) that "
                     "ctranslate2.Translator loads; beam size and length penalty are "
                     "then chosen when translating.")
     e.add_argument("--run", required=True, help="training output folder, e.g. runs/demo_tiny")
     e.add_argument("--format", choices=FORMATS, default="saved_model",
                    help="saved_model (TF Serving, default) or ctranslate2")
     e.add_argument("--quantize", choices=QUANTIZATIONS,
-                   help="store the weights quantized (default: float32): int8 for a "
-                        "SavedModel (Keras' model.quantize); any of these for ctranslate2")
-    e.add_argument("--export-dir", default="saved_models",
-                   help="base folder (default saved_models): <export-dir>/<model-name>/"
+                   help="store the weights quantized (default: float32): "
+                        f"{' or '.join(SAVED_MODEL_QUANTIZATIONS)} for a SavedModel (Keras' "
+                        "model.quantize); any of these for ctranslate2")
+    e.add_argument("--export-dir", default=names.EXPORT_ROOT,
+                   help=f"base folder (default {names.EXPORT_ROOT}): <export-dir>/<model-name>/"
                         "<version>/ for a SavedModel, <export-dir>/<model-name>-ct2"
                         "[-<quantize>]/ for CTranslate2")
     e.add_argument("--model-name", help="the served model's name (default: the run "
@@ -106,13 +109,15 @@ def add_parser(commands):
                                                "number")
     e.add_argument("--weights", help="export other weights than model.keras': best, last, "
                                      "ckpt-<update> or a .weights.h5 path")
-    e.add_argument("--beam-size", type=int, help="saved_model: of serving_default "
-                                                 "(default 4)")
-    e.add_argument("--alpha", type=float, help="saved_model: length penalty (default 0.6)")
+    e.add_argument("--beam-size", type=int, help=f"saved_model: of {names.BEAM_SIGNATURE} "
+                                                 f"(default {decoding.beam_size})")
+    e.add_argument("--alpha", type=float,
+                   help=f"saved_model: length penalty (default {decoding.alpha:g})")
     e.add_argument("--max-source-length", type=int,
                    help="saved_model: source ids kept, EOS included (default: "
                         "config.max_length)")
-    e.add_argument("--max-extra-length", type=int, help="saved_model: default 50")
+    e.add_argument("--max-extra-length", type=int,
+                   help=f"saved_model: default {decoding.max_extra_length}")
     e.add_argument("--batch-size", type=int,
                    help="saved_model: sentences decoded at once; a larger request is "
                         "decoded in chunks of this many (default 32)")

@@ -20,7 +20,9 @@ import pathlib
 import sys
 import time
 
+from keras_transformer import names
 from keras_transformer.commands.common import PROG, CommandError
+from keras_transformer.config import DecodingOptions
 
 
 def resolve_model_dir(path):
@@ -39,7 +41,7 @@ def resolve_model_dir(path):
     """
     path = pathlib.Path(path)
     expected = (f"expected a SavedModel written by `{PROG} export`: "
-                "saved_models/<model_name>/<version>/ with saved_model.pb")
+                f"{names.EXPORT_ROOT}/<model_name>/<version>/ with saved_model.pb")
     if not path.exists():
         raise CommandError(f"--model {path} does not exist; {expected}")
     if not path.is_dir():
@@ -74,8 +76,9 @@ def load_signature(model_dir, signature_name):
             f"{model_dir} has no signature {signature_name!r} (it has "
             f"{sorted(signatures)}); export it with `{PROG} export`")
     signature = signatures[signature_name]
-    if "text" not in signature.structured_input_signature[1]:
-        raise CommandError(f"signature {signature_name!r} of {model_dir} has no `text` input")
+    if names.INPUT_NAME not in signature.structured_input_signature[1]:
+        raise CommandError(f"signature {signature_name!r} of {model_dir} has no "
+                           f"`{names.INPUT_NAME}` input")
     # Keep the loaded object alive as long as the signature.
     signature._loaded_object = loaded
     return signature
@@ -271,8 +274,8 @@ def _open_output(args):
 
 def _load_saved_model(args):
     model_dir = resolve_model_dir(args.model)
-    signature_name = args.signature or ("translate_greedy" if args.greedy
-                                        else "serving_default")
+    signature_name = args.signature or (names.GREEDY_SIGNATURE if args.greedy
+                                        else names.BEAM_SIGNATURE)
     signature = load_signature(model_dir, signature_name)
     if args.scores and "score" not in signature.structured_outputs:
         raise CommandError(f"signature {signature_name!r} of {model_dir} has no `score` "
@@ -335,6 +338,7 @@ def run_translate(args):
 
 
 def add_parser(commands):
+    decoding = DecodingOptions()
     t = commands.add_parser(
         "translate", help="translate lines with an exported SavedModel or a run folder",
         description="Translates one sentence per line (stdin or --input) to one "
@@ -344,10 +348,10 @@ def add_parser(commands):
                     "answered as soon as it is entered.")
     source = t.add_mutually_exclusive_group(required=True)
     source.add_argument("--model",
-                        help="SavedModel folder saved_models/<name>/<version> (or "
-                             "saved_models/<name>: its highest version)")
-    source.add_argument("--run", help="a training run folder (model.keras, spm.model): "
-                                      "translate without exporting")
+                        help=f"SavedModel folder {names.EXPORT_ROOT}/<name>/<version> (or "
+                             f"{names.EXPORT_ROOT}/<name>: its highest version)")
+    source.add_argument("--run", help=f"a training run folder (model.keras, "
+                                      f"{names.TOKENIZER_FILE}): translate without exporting")
     t.add_argument("--input", "-i", help="source file (default: stdin)")
     t.add_argument("--output", "-o", help="output file (default: stdout)")
     t.add_argument("--batch-size", type=int, default=32,
@@ -357,8 +361,8 @@ def add_parser(commands):
                         "log-probability log P(Y) / lp(Y)")
     search = t.add_mutually_exclusive_group()
     search.add_argument("--beam", action="store_true",
-                        help="beam search (default): with --model its serving_default "
-                             "signature")
+                        help=f"beam search (default): with --model its "
+                             f"{names.BEAM_SIGNATURE} signature")
     search.add_argument("--greedy", action="store_true",
                         help="greedy decoding (with --run: --beam-size 1)")
     search.add_argument("--signature", help="with --model: run this signature instead")
@@ -366,11 +370,14 @@ def add_parser(commands):
     run.add_argument("--weights",
                      help="final (model.keras, default), averaged, best, last, "
                           "ckpt-<update> or a .weights.h5 path")
-    run.add_argument("--beam-size", type=int, help="default 4; 1 = greedy")
-    run.add_argument("--alpha", type=float, help="length-penalty strength (default 0.6)")
+    run.add_argument("--beam-size", type=int,
+                     help=f"default {decoding.beam_size}; 1 = greedy")
+    run.add_argument("--alpha", type=float,
+                     help=f"length-penalty strength (default {decoding.alpha:g})")
     run.add_argument("--max-extra-length", type=int,
-                     help="outputs have at most source length + this many ids (default 50)")
-    run.add_argument("--quantize", choices=["int8"],
+                     help="outputs have at most source length + this many ids (default "
+                          f"{decoding.max_extra_length})")
+    run.add_argument("--quantize", choices=names.KERAS_QUANTIZATIONS,
                      help="decode with int8 weights (Keras' model.quantize on a copy)")
     t.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     t.set_defaults(func=run_translate)

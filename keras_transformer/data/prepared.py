@@ -57,6 +57,7 @@ import time
 
 import numpy as np
 
+from keras_transformer import names
 from keras_transformer.data.readers import CorpusError, iter_parallel_lines
 from keras_transformer.runs import file_sha256
 
@@ -64,7 +65,7 @@ logger = logging.getLogger("keras_transformer")
 
 FORMAT = "keras_transformer.prepared/1"
 MANIFEST_FILE = "manifest.json"
-TOKENIZER_FILE = "spm.model"
+TOKENIZER_FILE = names.TOKENIZER_FILE
 TEXT_DIR = "text"
 # Default shard count: about this many bytes of input text per shard.
 BYTES_PER_SHARD = 32 * 2**20
