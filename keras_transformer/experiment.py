@@ -1,405 +1,52 @@
 """The training job as named stages, each a function a user can call.
 
-    settings = load_settings(given={"data": "demo", "preset": "tiny"})
-    results = train(settings)
+    from keras_transformer.settings import load_settings
+    results = train(load_settings(given={"data": "demo", "preset": "tiny"}))
 
-`train` runs: `prepare_data` -> `prepare_tokenizer` -> `make_datasets` ->
-`build_model_for_run` -> `restore` (backup, or `--init-from` weights) ->
-`fit` -> `finalize_weights` (average / best / last) -> `evaluate_test` ->
-`export_run`. The run folder (`keras_transformer.runs`) makes it
-resumable: re-running the same command continues from the newest backup, a
-larger `train_steps` continues a finished run, and a finished run re-run
-unchanged trains nothing. TensorFlow is used for tf.data and tf.distribute;
-the model trains on any Keras backend.
+`train` runs: `prepare_data` (`data.corpora`) -> the run's vocabulary
+(`RunFolder.adopt_tokenizer`) -> `training.build_training_model` under
+`training.get_strategy`'s strategy -> `restore` (backup, or `--init-from`
+weights) -> `fit` on `data.corpora.training_datasets` -> `finalize_weights`
+(average / best / last) -> `evaluate_test` -> `export_run`. The run folder
+(`keras_transformer.runs`) makes it resumable: re-running the same command
+continues from the newest backup, a larger `train_steps` continues a
+finished run, and a finished run re-run unchanged trains nothing.
+TensorFlow is used for tf.data and tf.distribute; the model trains on any
+Keras backend. Scoring a finished run is `keras_transformer.evaluation`.
 """
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import os
 import pathlib
-import time
 
 import keras
 
 from keras_transformer import runs
+from keras_transformer.data import corpora
 from keras_transformer.run_callbacks import is_chief
-from keras_transformer.settings import Settings, SettingsError, resolve
 from keras_transformer.training import peak_memory_mib, plot_training
 
 logger = logging.getLogger("keras_transformer")
 
-SPLITS = ("train", "valid", "test")
-
-
-# --- settings ----------------------------------------------------------------------
-
-
-def load_settings(given=None, given_model=None, config_file=None):
-    """The settings of a `train` invocation, continuing the run folder's saved ones.
-
-    The run folder is `output_dir` as given (flag or config file), else
-    `runs/<data>_<preset>`; when it holds `settings.json`, those values
-    are the defaults that the config file and the flags override.
-    """
-    from keras_transformer.settings import default_output_dir, read_config_file
-
-    given = dict(given or {})
-    file_job = read_config_file(config_file)[0] if config_file else {}
-    merged = {**file_job, **given}
-    output_dir = merged.get("output_dir")
-    if output_dir is None:
-        defaults = Settings.__dataclass_fields__
-        output_dir = default_output_dir(merged.get("data", defaults["data"].default),
-                                        merged.get("preset", defaults["preset"].default))
-        given["output_dir"] = output_dir
-    run = runs.RunFolder(output_dir)
-    saved = run.read_json(runs.SETTINGS_FILE)
-    if saved is not None:
-        try:
-            resolve(saved=saved)
-        except (SettingsError, TypeError, ValueError) as error:
-            raise runs.RunError(f"{run.settings_file} is damaged: {error}; restore it, or "
-                                "start a new --output-dir") from None
-    data = merged.get("data") or (saved or {}).get("data")
-    if data and "vocab_size" not in merged:
-        from keras_transformer.data import prepared
-
-        if prepared.is_prepared(data):  # a prepared corpus brings its vocabulary
-            given["vocab_size"] = prepared.PreparedCorpus(data).vocab_size
-    return resolve(given, given_model, config_file, saved=saved)
-
-
-# --- data --------------------------------------------------------------------------
-
-
-def corpus_inputs(data, work_dir, *, seed=0):
-    """The `CorpusInputs` that `--data` names (demo text is generated into `work_dir`).
-
-    Args:
-        data: `"demo"` (generated offline, see `keras_transformer.data.demo`),
-            `"wmt14"` (tensorflow-datasets; needs internet the first time), or
-            a folder with `{train,valid,test}.{en,de}`.
-        work_dir: where the demo corpus's text goes.
-        seed: demo corpus seed.
-    """
-    from keras_transformer.data import prepared
-
-    if data == "demo":
-        from keras_transformer import data as kt_data
-
-        directory = pathlib.Path(work_dir) / f"demo-seed{seed}"
-        if not (directory / "test.de").exists():
-            kt_data.write_demo_corpus(directory, seed=seed)
-        inputs = prepared.text_inputs(directory, name=f"demo-seed{seed}")
-    elif data == "wmt14":
-        from keras_transformer.data.readers import WMT14_NAME, load_wmt14
-
-        # tfds names: train (4.5M pairs), validation (newstest2013), test
-        # (newstest2014). Loaded only when a preparation is needed.
-        inputs = prepared.CorpusInputs(
-            "wmt14", train=lambda: load_wmt14("train"),
-            valid=lambda: load_wmt14("validation"), test=lambda: load_wmt14("test"),
-            key={"tfds": WMT14_NAME, "splits": ["train", "validation", "test"]})
-    else:
-        inputs = prepared.text_inputs(data)
-    missing = [split for split in ("valid", "test") if getattr(inputs, split) is None]
-    if missing:
-        raise FileNotFoundError(
-            f"corpus folder {data} must hold train/valid/test .en/.de files (the layout "
-            f"of shared/data/multi30k); missing: {', '.join(missing)}")
-    return inputs
-
-
-def default_prepared_dir(settings, inputs, tokenizer_file=None):
-    """`<runs folder>/prepared/<corpus>_v<vocab>` (or `_spm-<hash>` for a given vocabulary)."""
-    from keras_transformer.data import prepared
-
-    return prepared.default_directory(pathlib.Path(settings.output_dir).parent / "prepared",
-                                      inputs, settings.vocab_size, tokenizer_file)
-
-
-def _given_tokenizer(settings, run):
-    """The vocabulary a run must keep: its own, or `--init-from`'s; `None` for a new one."""
-    source_spm = None
-    if settings.init_from:
-        source_run = runs.find_run_dir(settings.init_from)
-        if source_run is None and not pathlib.Path(settings.init_from).exists():
-            raise runs.RunError(f"--init-from {settings.init_from} does not exist (a run "
-                                "folder or a .weights.h5 file)")
-        if source_run is not None:
-            source_spm = source_run / runs.TOKENIZER_FILE
-    if run.tokenizer_file.is_file() or (run / runs.VOCABULARY_INFO_FILE).is_file():
-        run.restore_tokenizer()  # a damaged copy is restored from its source, or named
-        if source_spm is not None and (runs.file_sha256(source_spm)
-                                       != run.tokenizer_hash()):
-            raise runs.RunError(
-                f"--init-from {settings.init_from}: its vocabulary {source_spm} differs "
-                f"from this run's {run.tokenizer_file}; fine-tune in a new --output-dir "
-                "(it takes the vocabulary of the weights it starts from)")
-        return run.tokenizer_file
-    return source_spm
-
 
 def prepare_data(settings, run):
-    """Stage 1: the prepared corpus of `settings.data` (prepared now only when needed).
+    """Stage 1: the prepared corpus of `settings.data` (`data.corpora.prepare_corpus`).
 
-    `--data` may name a prepared folder (`keras-transformer prepare`), or
-    demo / wmt14 / a text folder, which is prepared into `--prepared-dir`
-    (default `default_prepared_dir`) the first time and reused afterwards;
-    a changed input file or vocabulary size prepares it again. A run keeps
-    its vocabulary: continuing it, or fine-tuning from `--init-from`, encodes
-    the corpus with that vocabulary.
+    A run keeps its vocabulary: continuing it, or fine-tuning from
+    `--init-from`, encodes the corpus with that vocabulary.
     """
-    from keras_transformer.data import prepared
-
-    if prepared.is_prepared(settings.data):
-        corpus = prepared.PreparedCorpus(settings.data)
-        corpus.check()
-        if corpus.vocab_size != settings.vocab_size:
-            raise SettingsError(
-                f"--vocab-size {settings.vocab_size}: the prepared corpus {settings.data} "
-                f"has vocabulary size {corpus.vocab_size}; prepare it again with "
-                f"--vocab-size {settings.vocab_size}, or leave the flag out")
-        logger.info(f"Prepared corpus {settings.data}: {corpus.summary()}")
-    else:
-        inputs = corpus_inputs(settings.data, run.root.parent / "prepared",
-                               seed=settings.seed)
-        tokenizer_file = _given_tokenizer(settings, run)
-        own = tokenizer_file is not None and tokenizer_file == run.tokenizer_file
-        directory = settings.prepared_dir or default_prepared_dir(
-            settings, inputs, None if own or tokenizer_file is None else tokenizer_file)
-        if own and prepared.stale_reason(directory, inputs,
-                                         vocab_size=settings.vocab_size) is None:
-            tokenizer_file = None  # the usual case: the run's vocabulary came from there
-        # The preparation belongs to the corpus, not to the run: the seed of
-        # its tokenizer sample and shard order is `prepare`'s default, so that
-        # runs with any --seed share it and `prepare` ahead of time is the same.
-        corpus = prepared.ensure_prepared(inputs, directory, vocab_size=settings.vocab_size,
-                                          tokenizer_file=tokenizer_file,
-                                          max_length=settings.max_length)
-    if not corpus.has_split("valid") or corpus.text_paths("test") is None:
-        raise runs.RunError(f"the prepared corpus {corpus.directory} has no valid and test "
-                            "splits; training needs both")
-    return corpus
-
-
-def prepare_tokenizer(settings, run, corpus):
-    """Stage 2: the run's copy of the corpus's vocabulary (checked when it has one).
-
-    A run keeps the vocabulary it was trained with: a continued run whose
-    prepared corpus now has another one (prepared again since) is refused,
-    and so is fine-tuning from `--init-from` weights whose vocabulary is not
-    the corpus's.
-    """
-    from keras_transformer import data as kt_data
-
-    if run.tokenizer_file.is_file() or (run / runs.VOCABULARY_INFO_FILE).is_file():
-        # A damaged copy is restored from the corpus it came from, or named.
-        run.restore_tokenizer(candidates=[corpus.tokenizer_file])
-        if run.tokenizer_hash() != corpus.tokenizer_sha256:
-            raise runs.RunError(
-                f"{run.tokenizer_file} differs from the vocabulary of the prepared corpus "
-                f"{corpus.tokenizer_file} (prepared again since this run began?); "
-                "continue with the run's own vocabulary: pass --prepared-dir for a new "
-                "preparation (it will use the run's vocabulary), or train in a new "
-                "--output-dir")
-    else:
-        if settings.init_from:
-            source_run = runs.find_run_dir(settings.init_from)
-            if source_run is not None and runs.file_sha256(
-                    source_run / runs.TOKENIZER_FILE) != corpus.tokenizer_sha256:
-                raise runs.RunError(
-                    f"--init-from {settings.init_from}: its vocabulary differs from the "
-                    f"prepared corpus {corpus.directory}'s; let the job prepare --data "
-                    "with it (name the text folder, not a prepared one)")
-        runs.write_bytes(run.tokenizer_file, corpus.tokenizer_file.read_bytes())
-    if not (run / runs.VOCABULARY_INFO_FILE).is_file():
-        run.record_tokenizer(corpus.tokenizer_file)
-    tokenizer = kt_data.Tokenizer.load(run.tokenizer_file)
-    logger.info(f"Tokenizer {run.tokenizer_file} (vocabulary {tokenizer.vocabulary_size()})")
-    return tokenizer
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchPlan:
-    """How `tokens_per_batch` tokens per update are split.
-
-    `tokens_per_update` = `micro_batch_tokens` x `grad_accum_steps`, and a
-    micro-batch is split evenly over `replicas` (`replica_tokens` each).
-    """
-
-    tokens_per_update: int
-    grad_accum_steps: int
-    replicas: int
-    micro_batch_tokens: int
-    replica_tokens: int
-
-    def __str__(self):
-        return (f"{self.tokens_per_update} tokens per update = {self.grad_accum_steps} "
-                f"micro-batch(es) of {self.micro_batch_tokens} tokens over "
-                f"{self.replicas} replica(s) ({self.replica_tokens} each)")
-
-
-def plan_batches(tokens_per_batch, *, grad_accum_steps=1, replicas=1, max_length=None):
-    """The `BatchPlan` for a token budget per update; raises if a replica's share is too small."""
-    micro = tokens_per_batch // grad_accum_steps
-    replica = micro // replicas
-    if max_length is not None and replica < max_length:
-        raise SettingsError(
-            f"--tokens-per-batch {tokens_per_batch} split over {grad_accum_steps} "
-            f"micro-batch(es) and {replicas} replica(s) leaves {replica} tokens per "
-            f"replica, fewer than one sequence of --max-length {max_length}; raise "
-            "--tokens-per-batch or lower --grad-accum-steps")
-    return BatchPlan(tokens_per_update=micro * grad_accum_steps,
-                     grad_accum_steps=grad_accum_steps, replicas=replicas,
-                     micro_batch_tokens=replica * replicas, replica_tokens=replica)
-
-
-def make_datasets(settings, corpus, plan, *, start_update=0):
-    """Stage 3: training and validation `tf.data` pipelines streamed from the shards.
-
-    The training order is seeded with `seed + start_update`, so a resumed run
-    does not replay the batches its first part began with. Token counts come
-    from the manifest: nothing is read before the first update.
-
-    Returns:
-        `(train_ds, valid_ds, target_tokens_per_update)`.
-    """
-    import tensorflow as tf
-
-    common = dict(tokens_per_batch=plan.micro_batch_tokens, max_length=settings.max_length,
-                  num_replicas=plan.replicas)
-    counts = corpus.length_policy("train", settings.max_length)
-    logger.info(f"Training pairs: {counts.num_pairs:,}; the length policy (max "
-                f"{settings.max_length} tokens) drops {counts.num_over_long:,}")
-    train_ds = corpus.dataset("train", training=True, repeat=True,
-                              seed=settings.seed + start_update, **common)
-    valid_ds = corpus.dataset("valid", training=False, **common)
-    batches, target_tokens = corpus.batch_plan("train", training=True, **common)
-    target_tokens_per_update = target_tokens / max(batches, 1) * plan.grad_accum_steps
-    logger.info(f"Batches: {plan}; {target_tokens_per_update:.0f} non-pad target tokens "
-                f"per update on average")
-    # A known number of validation batches: without it Keras warns that the
-    # input "ran out of data".
-    valid_batches, _ = corpus.batch_plan("valid", training=False, **common)
-    valid_ds = valid_ds.apply(tf.data.experimental.assert_cardinality(valid_batches))
-    return train_ds, valid_ds, target_tokens_per_update
-
-
-def validation_sample(corpus, count):
-    """The first `count` validation pairs with two non-empty sides, as (sources, references)."""
-    from keras_transformer.data.readers import iter_parallel_lines
-
-    if not count:
-        return (), ()
-    pairs = ((s, t) for _, s, t in iter_parallel_lines(*corpus.text_paths("valid"))
-             if s.strip() and t.strip())
-    sample = list(itertools.islice(pairs, count))
-    return [s for s, _ in sample], [t for _, t in sample]
-
-
-# --- distribution ------------------------------------------------------------------
-
-
-def get_strategy(kind="auto"):
-    """Chooses how to spread training over devices.
-
-    TensorFlow backend: `"auto"` gives `tf.distribute.MirroredStrategy` when
-    several GPUs are visible, else none; `"mirrored"` forces it (also over
-    logical CPU devices); `"multiworker"` gives
-    `MultiWorkerMirroredStrategy` from the `TF_CONFIG` environment variable.
-    JAX backend: `"auto"`/`"mirrored"` set `keras.distribution.DataParallel`
-    over all local devices when there are several. PyTorch backend: single
-    device only.
-
-    Returns:
-        A `tf.distribute.Strategy` or `None` (no strategy scope needed).
-    """
-    backend = keras.backend.backend()
-    if kind == "none":
-        return None
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        if kind == "auto":
-            gpus = tf.config.list_logical_devices("GPU")
-            return tf.distribute.MirroredStrategy() if len(gpus) > 1 else None
-        if kind == "mirrored":
-            return tf.distribute.MirroredStrategy()
-        if kind == "multiworker":
-            if "TF_CONFIG" not in os.environ:
-                raise SettingsError(
-                    "--distribute multiworker needs the TF_CONFIG environment variable "
-                    "(cluster and task of this worker)"
-                )
-            return tf.distribute.MultiWorkerMirroredStrategy()
-    elif backend == "jax":
-        import jax
-
-        if kind == "multiworker":
-            raise SettingsError(
-                "multi-worker training is supported on the TensorFlow backend "
-                "(MultiWorkerMirroredStrategy); on JAX call jax.distributed.initialize() "
-                "and use keras.distribution yourself"
-            )
-        devices = jax.devices()
-        if len(devices) > 1:
-            keras.distribution.set_distribution(
-                keras.distribution.DataParallel(devices=devices))
-        elif kind == "mirrored":
-            logger.info("Only one JAX device is visible: training on it.")
-        return None
-    elif kind in ("mirrored", "multiworker"):
-        raise SettingsError(
-            f"--distribute {kind} needs the TensorFlow (or JAX) backend; the "
-            f"{backend} backend trains on one device"
-        )
-    return None
-
-
-def num_replicas(strategy):
-    if strategy is not None:
-        return strategy.num_replicas_in_sync
-    distribution = keras.distribution.distribution()
-    if distribution is not None:
-        return len(distribution.device_mesh.devices.flatten())
-    return 1
-
-
-# --- model -------------------------------------------------------------------------
-
-
-def _jit_compile(setting):
-    if setting == "auto":
-        return "auto"
-    return setting in ("true", "1", True)
-
-
-def build_model_for_run(settings, config, strategy=None):
-    """Stage 4: the model under the strategy's scope, compiled the paper's way.
-
-    The learning rate is the paper's schedule times `learning_rate_factor`.
-    """
-    from keras_transformer.model import build_model
-    from keras_transformer.schedules import TransformerSchedule
-    from keras_transformer.training import compile_model
-
-    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
-    with scope:
-        model = build_model(config)
-        schedule = TransformerSchedule(config.d_model, config.warmup_steps,
-                                       scale=settings.learning_rate_factor,
-                                       accumulation_steps=settings.grad_accum_steps)
-        compile_model(model, learning_rate=schedule,
-                      gradient_accumulation_steps=settings.grad_accum_steps,
-                      jit_compile=_jit_compile(settings.jit_compile))
-    return model
+    tokenizer_file = run.kept_tokenizer(settings.init_from)
+    return corpora.prepare_corpus(
+        settings.data, vocab_size=settings.vocab_size, max_length=settings.max_length,
+        prepared_dir=settings.prepared_dir, tokenizer_file=tokenizer_file,
+        tokenizer_from_default=tokenizer_file is not None
+        and tokenizer_file == run.tokenizer_file, seed=settings.seed)
 
 
 def restore(model, run, settings, strategy=None):
-    """Stage 5: loads the newest backup (weights + optimizer), or `--init-from`'s weights.
+    """Stage 2: loads the newest backup (weights + optimizer), or `--init-from`'s weights.
 
     Returns:
         The optimizer update count training continues from (0 for a new run).
@@ -458,7 +105,8 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     the log, TensorBoard and the best validation BLEU's weights.
     """
     from keras_transformer.run_callbacks import (DivergenceCheck, SignalStop, StateSaver,
-                                                 TrainingLog, UpdateClock, Validator)
+                                                 TrainingLog, TrainingStopped, UpdateClock,
+                                                 Validator)
     from keras_transformer.training import TrainingTimer
 
     s = settings
@@ -495,7 +143,7 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     finally:
         stop.restore_handlers()
     if divergence.diverged is not None:
-        raise _diverged(run, divergence)
+        raise divergence.error(run)
     if stop.signal_number is not None:
         raise TrainingStopped(stop.signal_number, stop.backup)
     final_update = clock.update
@@ -508,47 +156,6 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
                 f"({report.steps} updates this run, {report.tokens_per_second:.0f} target "
                 f"tokens/s in training steps, peak memory {report.peak_memory_mib:.0f} MiB)")
     return report
-
-
-class TrainingStopped(runs.RunError):
-    """`fit` stopped on a signal (`SignalStop`), its last update backed up.
-
-    Attributes:
-        exit_status: 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
-    """
-
-    def __init__(self, signal_number, backup):
-        import signal
-
-        self.exit_status = 128 + signal_number
-        name = signal.Signals(signal_number).name
-        if backup is None:
-            message = f"stopped by {name}; nothing was written on the way out"
-        else:
-            update, path = backup
-            message = (f"stopped by {name} after update {update}, backed up in {path}; run "
-                       "the same command to continue from it")
-        super().__init__(message)
-
-
-def _diverged(run, divergence):
-    """The `RunError` of a diverged run, after setting aside the states written since."""
-    update, loss, reason = divergence.diverged
-    good = divergence.last_good
-    run.roll_back_to(good)  # moves later states and log rows aside, deletes nothing
-    state = run.newest_good_state()
-    if state is not None:
-        newest = (f"the newest state before it is {state[1].relative_to(run.root)} "
-                  f"(update {state[0]})")
-        again = "continue from that state"
-    else:
-        newest = "no state was written before it"
-        again = "start again from update 0"
-    return runs.RunError(
-        f"training diverged at update {update}: loss {loss:.4g}, {reason}; {newest}, and "
-        f"what was written after update {good} is set aside in {runs.ROLLED_BACK_DIR}/. "
-        f"Nothing was exported. Lower --learning-rate-factor and run again to {again}, or "
-        "turn this check off with --no-divergence-check")
 
 
 def _fit_checking_shards(corpus, *args, **kwargs):
@@ -677,20 +284,24 @@ def train(settings):
 
 def _train_in(run, settings, corpus):
     """`train` once the corpus is known and the run folder is locked."""
-    from keras_transformer.translate import Translator
+    from keras_transformer import training
     from keras_transformer.evaluation import read_lines
+    from keras_transformer.translate import Translator
 
     s = settings
-    tokenizer = prepare_tokenizer(s, run, corpus)
+    tokenizer = run.adopt_tokenizer(corpus, s.init_from)
     run.write_json(runs.SETTINGS_FILE, s.to_dict())
     config = s.model_config(vocab_size=tokenizer.vocabulary_size())
 
     if s.mixed_precision != "none":
         keras.mixed_precision.set_global_policy(s.mixed_precision)
-    strategy = get_strategy(s.distribute)
-    plan = plan_batches(s.tokens_per_batch, grad_accum_steps=s.grad_accum_steps,
-                        replicas=num_replicas(strategy), max_length=s.max_length)
-    model = build_model_for_run(s, config, strategy)
+    strategy = training.get_strategy(s.distribute)
+    plan = training.plan_batches(s.tokens_per_batch, grad_accum_steps=s.grad_accum_steps,
+                                 replicas=training.num_replicas(strategy),
+                                 max_length=s.max_length)
+    model = training.build_training_model(
+        config, strategy=strategy, learning_rate_factor=s.learning_rate_factor,
+        grad_accum_steps=s.grad_accum_steps, jit_compile=s.jit_compile)
     _check_config(run, config)
     logger.info(f"Model: preset {s.preset}, {model.count_params():,} parameters, "
                 f"{plan.replicas} replica(s)")
@@ -712,9 +323,14 @@ def _train_in(run, settings, corpus):
             logger.info(f"Continuing {run.root} at update {start} (of {s.train_steps})")
         else:
             logger.info(f"Starting training at update 0: {s.train_steps} updates")
-        train_ds, valid_ds, tokens_per_update = make_datasets(s, corpus, plan,
-                                                              start_update=start)
-        bleu_sample = validation_sample(corpus, s.validation_bleu_sentences)
+        # Seeded with seed + start: a resumed run does not replay its first batches.
+        train_ds, valid_ds, tokens_per_update = corpora.training_datasets(
+            corpus, tokens_per_batch=plan.micro_batch_tokens, max_length=s.max_length,
+            num_replicas=plan.replicas, grad_accum_steps=plan.grad_accum_steps,
+            seed=s.seed + start)
+        logger.info(f"Batches: {plan}; {tokens_per_update:.0f} non-pad target tokens per "
+                    "update on average")
+        bleu_sample = corpora.validation_sample(corpus, s.validation_bleu_sentences)
         translator = Translator(model, tokenizer, s.decoding_options())
         report = _fit_checking_shards(corpus, model, run, s, train_ds, valid_ds,
                                       start_update=start,
@@ -772,7 +388,3 @@ def _train_in(run, settings, corpus):
     return summary
 
 
-__all__ = ["BatchPlan", "FitReport", "build_model_for_run", "evaluate_test",
-           "export_run", "finalize_weights", "fit", "get_strategy", "load_settings",
-           "make_datasets", "num_replicas", "plan_batches", "prepare_data",
-           "prepare_tokenizer", "restore", "corpus_inputs", "train", "validation_sample"]

@@ -454,6 +454,43 @@ class DivergenceCheck(keras.callbacks.Callback):
         self.saver.halt()
         self.model.stop_training = True
 
+    def error(self, run):
+        """The `RunError` of a diverged run, after setting aside the states written since."""
+        update, loss, reason = self.diverged
+        run.roll_back_to(self.last_good)  # moves later states and log rows aside, deletes nothing
+        state = run.newest_good_state()
+        if state is not None:
+            newest = (f"the newest state before it is {state[1].relative_to(run.root)} "
+                      f"(update {state[0]})")
+            again = "continue from that state"
+        else:
+            newest = "no state was written before it"
+            again = "start again from update 0"
+        return runs.RunError(
+            f"training diverged at update {update}: loss {loss:.4g}, {reason}; {newest}, and "
+            f"what was written after update {self.last_good} is set aside in "
+            f"{runs.ROLLED_BACK_DIR}/. Nothing was exported. Lower --learning-rate-factor and run "
+            f"again to {again}, or turn this check off with --no-divergence-check")
+
+
+class TrainingStopped(runs.RunError):
+    """`fit` stopped on a signal (`SignalStop`), its last update backed up.
+
+    Attributes:
+        exit_status: 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
+    """
+
+    def __init__(self, signal_number, backup):
+        self.exit_status = 128 + signal_number
+        name = signal.Signals(signal_number).name
+        if backup is None:
+            message = f"stopped by {name}; nothing was written on the way out"
+        else:
+            update, path = backup
+            message = (f"stopped by {name} after update {update}, backed up in {path}; run "
+                       "the same command to continue from it")
+        super().__init__(message)
+
 
 class SignalStop(keras.callbacks.Callback):
     """Stops `fit` cleanly on SIGTERM or SIGINT, with a backup of the last update.

@@ -254,6 +254,47 @@ def check_state_file(path):
         raise RunError(f"{path} is unreadable ({str(error).splitlines()[0]})") from None
 
 
+@contextlib.contextmanager
+def file_lock(path, *, busy=None, waiting=None):
+    """Holds an exclusive `fcntl.flock` on `path`, which names its holder.
+
+    The lock is released by the kernel when its process ends, `kill -9`
+    included, so a crash never leaves a stale lock. The file says
+    "process <pid> on <host>" while it is held.
+
+    Args:
+        path: the lock file (created, with its folder).
+        busy: when another process holds the lock, raise `RunError` with
+            `busy(holder)` as its message instead of waiting.
+        waiting: otherwise, the line logged before waiting for the holder.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            if busy is not None:
+                raise RunError(busy(holder)) from None
+            logger.info(waiting or f"Waiting for {holder}, which holds {path} ...")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
 @dataclasses.dataclass
 class RunFolder:
     """Paths and bookkeeping of one run folder; creates nothing until written to.
@@ -321,38 +362,15 @@ class RunFolder:
     def checkpoint_path(self, update):
         return self.checkpoint_dir / f"ckpt-{update}.weights.h5"
 
-    @contextlib.contextmanager
     def lock(self):
-        """Holds `<run>/.lock` while a process trains in the folder.
+        """Holds `<run>/.lock` while a process trains in the folder (see `file_lock`).
 
         A second `train` on the same folder would interleave its backups,
         checkpoints and log rows with the first one's; it is refused instead.
-        The lock (`fcntl.flock`) is released by the kernel when its process
-        ends, `kill -9` included, so a crash never leaves a stale lock.
         """
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock
-            yield
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / LOCK_FILE
-        handle = open(path, "a+")
-        try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                handle.seek(0)
-                owner = handle.read().strip() or "another process"
-                raise RunError(f"{self.root} is in use: {owner} is training in it. Wait for "
-                               "it to finish or stop it, or use another --output-dir") from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
-            handle.flush()
-            yield
-        finally:
-            handle.close()  # releases the lock
+        return file_lock(self.root / LOCK_FILE, busy=lambda owner: (
+            f"{self.root} is in use: {owner} is training in it. Wait for it to finish or "
+            "stop it, or use another --output-dir"))
 
     def tokenizer_hash(self):
         return file_sha256(self.tokenizer_file) if self.tokenizer_file.is_file() else None
@@ -486,6 +504,71 @@ class RunFolder:
         from keras_transformer.data.tokenizer import Tokenizer
 
         return Tokenizer.load(self.restore_tokenizer(say))
+
+    def kept_tokenizer(self, init_from=None):
+        """The vocabulary the run must keep: its own, or `init_from`'s; `None` for a new one.
+
+        Raises:
+            RunError: `init_from` does not exist, or its vocabulary is not the
+                run's own.
+        """
+        source_spm = None
+        if init_from:
+            source_run = find_run_dir(init_from)
+            if source_run is None and not pathlib.Path(init_from).exists():
+                raise RunError(f"--init-from {init_from} does not exist (a run folder or a "
+                               ".weights.h5 file)")
+            if source_run is not None:
+                source_spm = source_run / TOKENIZER_FILE
+        if self.tokenizer_file.is_file() or (self / VOCABULARY_INFO_FILE).is_file():
+            self.restore_tokenizer()  # a damaged copy is restored from its source, or named
+            if source_spm is not None and file_sha256(source_spm) != self.tokenizer_hash():
+                raise RunError(
+                    f"--init-from {init_from}: its vocabulary {source_spm} differs from this "
+                    f"run's {self.tokenizer_file}; fine-tune in a new --output-dir (it takes "
+                    "the vocabulary of the weights it starts from)")
+            return self.tokenizer_file
+        return source_spm
+
+    def adopt_tokenizer(self, corpus, init_from=None):
+        """The run's copy of the corpus's vocabulary (checked when it has one), loaded.
+
+        A run keeps the vocabulary it was trained with: a continued run whose
+        prepared corpus now has another one (prepared again since) is refused,
+        and so is fine-tuning from `init_from` weights whose vocabulary is
+        not the corpus's.
+
+        Returns:
+            The run's `Tokenizer`.
+        """
+        from keras_transformer.data.tokenizer import Tokenizer
+
+        if self.tokenizer_file.is_file() or (self / VOCABULARY_INFO_FILE).is_file():
+            # A damaged copy is restored from the corpus it came from, or named.
+            self.restore_tokenizer(candidates=[corpus.tokenizer_file])
+            if self.tokenizer_hash() != corpus.tokenizer_sha256:
+                raise RunError(
+                    f"{self.tokenizer_file} differs from the vocabulary of the prepared "
+                    f"corpus {corpus.tokenizer_file} (prepared again since this run "
+                    "began?); continue with the run's own vocabulary: pass --prepared-dir "
+                    "for a new preparation (it will use the run's vocabulary), or train in "
+                    "a new --output-dir")
+        else:
+            if init_from:
+                source_run = find_run_dir(init_from)
+                if source_run is not None and file_sha256(
+                        source_run / TOKENIZER_FILE) != corpus.tokenizer_sha256:
+                    raise RunError(
+                        f"--init-from {init_from}: its vocabulary differs from the prepared "
+                        f"corpus {corpus.directory}'s; let the job prepare --data with it "
+                        "(name the text folder, not a prepared one)")
+            write_bytes(self.tokenizer_file, corpus.tokenizer_file.read_bytes())
+        if not (self / VOCABULARY_INFO_FILE).is_file():
+            self.record_tokenizer(corpus.tokenizer_file)
+        tokenizer = Tokenizer.load(self.tokenizer_file)
+        logger.info(f"Tokenizer {self.tokenizer_file} (vocabulary "
+                    f"{tokenizer.vocabulary_size()})")
+        return tokenizer
 
     # --- what is intact ----------------------------------------------------------
 

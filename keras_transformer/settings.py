@@ -396,6 +396,40 @@ def resolve(given=None, given_model=None, config_file=None, saved=None):
     return settings
 
 
+def load_settings(given=None, given_model=None, config_file=None):
+    """The settings of a `train` invocation, continuing the run folder's saved ones.
+
+    The run folder is `output_dir` as given (flag or config file), else
+    `runs/<data>_<preset>`; when it holds `settings.json`, those values
+    are the defaults that the config file and the flags override.
+    """
+    from keras_transformer import runs
+    from keras_transformer.data import prepared
+
+    given = dict(given or {})
+    file_job = read_config_file(config_file)[0] if config_file else {}
+    merged = {**file_job, **given}
+    output_dir = merged.get("output_dir")
+    if output_dir is None:
+        defaults = Settings.__dataclass_fields__
+        output_dir = default_output_dir(merged.get("data", defaults["data"].default),
+                                        merged.get("preset", defaults["preset"].default))
+        given["output_dir"] = output_dir
+    run = runs.RunFolder(output_dir)
+    saved = run.read_json(runs.SETTINGS_FILE)
+    if saved is not None:
+        try:
+            resolve(saved=saved)
+        except (SettingsError, TypeError, ValueError) as error:
+            raise runs.RunError(f"{run.settings_file} is damaged: {error}; restore it, or "
+                                "start a new --output-dir") from None
+    data = merged.get("data") or (saved or {}).get("data")
+    if data and "vocab_size" not in merged and prepared.is_prepared(data):
+        # A prepared corpus brings its vocabulary.
+        given["vocab_size"] = prepared.PreparedCorpus(data).vocab_size
+    return resolve(given, given_model, config_file, saved=saved)
+
+
 def check_unchanged(saved, new):
     """Raises `SettingsError` when `new` changes what a run cannot change midway."""
     old_config, new_config = saved.model_config(), new.model_config()

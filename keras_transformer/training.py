@@ -1,10 +1,16 @@
-"""Training the paper's way: optimizer, compile helper, callbacks, averaging.
+"""Training the paper's way: optimizer, compile helper, devices, batches, averaging.
 
 Backend-agnostic except `get_strategy`, which returns a `tf.distribute`
 strategy (TensorFlow backend) or sets a `keras.distribution` (JAX backend).
+The run's callbacks (checkpoints, backups, the log, validation, signals,
+divergence) are `keras_transformer.run_callbacks`; the job that uses all of
+this is `keras_transformer.experiment`.
 """
 
+import contextlib
+import dataclasses
 import io
+import logging
 import os
 import pathlib
 import resource
@@ -15,9 +21,11 @@ import numpy as np
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
-from keras_transformer.runs import list_checkpoints  # noqa: F401  (public here too)
-from keras_transformer.runs import save_weights, write_bytes
+from keras_transformer.runs import write_bytes
 from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.settings import SettingsError
+
+logger = logging.getLogger("keras_transformer")
 
 
 def paper_optimizer(config, *, learning_rate=None, **kwargs):
@@ -75,6 +83,139 @@ def compile_model(model, config=None, *, learning_rate=None,
     return model
 
 
+# --- devices and batches ----------------------------------------------------
+
+
+def get_strategy(kind="auto"):
+    """Chooses how to spread training over devices.
+
+    TensorFlow backend: `"auto"` gives `tf.distribute.MirroredStrategy` when
+    several GPUs are visible, else none; `"mirrored"` forces it (also over
+    logical CPU devices); `"multiworker"` gives
+    `MultiWorkerMirroredStrategy` from the `TF_CONFIG` environment variable.
+    JAX backend: `"auto"`/`"mirrored"` set `keras.distribution.DataParallel`
+    over all local devices when there are several. PyTorch backend: single
+    device only.
+
+    Returns:
+        A `tf.distribute.Strategy` or `None` (no strategy scope needed).
+    """
+    backend = keras.backend.backend()
+    if kind == "none":
+        return None
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if kind == "auto":
+            gpus = tf.config.list_logical_devices("GPU")
+            return tf.distribute.MirroredStrategy() if len(gpus) > 1 else None
+        if kind == "mirrored":
+            return tf.distribute.MirroredStrategy()
+        if kind == "multiworker":
+            if "TF_CONFIG" not in os.environ:
+                raise SettingsError(
+                    "--distribute multiworker needs the TF_CONFIG environment variable "
+                    "(cluster and task of this worker)"
+                )
+            return tf.distribute.MultiWorkerMirroredStrategy()
+    elif backend == "jax":
+        import jax
+
+        if kind == "multiworker":
+            raise SettingsError(
+                "multi-worker training is supported on the TensorFlow backend "
+                "(MultiWorkerMirroredStrategy); on JAX call jax.distributed.initialize() "
+                "and use keras.distribution yourself"
+            )
+        devices = jax.devices()
+        if len(devices) > 1:
+            keras.distribution.set_distribution(
+                keras.distribution.DataParallel(devices=devices))
+        elif kind == "mirrored":
+            logger.info("Only one JAX device is visible: training on it.")
+        return None
+    elif kind in ("mirrored", "multiworker"):
+        raise SettingsError(
+            f"--distribute {kind} needs the TensorFlow (or JAX) backend; the "
+            f"{backend} backend trains on one device"
+        )
+    return None
+
+
+def num_replicas(strategy):
+    if strategy is not None:
+        return strategy.num_replicas_in_sync
+    distribution = keras.distribution.distribution()
+    if distribution is not None:
+        return len(distribution.device_mesh.devices.flatten())
+    return 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """How `tokens_per_batch` tokens per update are split.
+
+    `tokens_per_update` = `micro_batch_tokens` x `grad_accum_steps`, and a
+    micro-batch is split evenly over `replicas` (`replica_tokens` each).
+    """
+
+    tokens_per_update: int
+    grad_accum_steps: int
+    replicas: int
+    micro_batch_tokens: int
+    replica_tokens: int
+
+    def __str__(self):
+        return (f"{self.tokens_per_update} tokens per update = {self.grad_accum_steps} "
+                f"micro-batch(es) of {self.micro_batch_tokens} tokens over "
+                f"{self.replicas} replica(s) ({self.replica_tokens} each)")
+
+
+def plan_batches(tokens_per_batch, *, grad_accum_steps=1, replicas=1, max_length=None):
+    """The `BatchPlan` for a token budget per update; raises if a replica's share is too small."""
+    micro = tokens_per_batch // grad_accum_steps
+    replica = micro // replicas
+    if max_length is not None and replica < max_length:
+        raise SettingsError(
+            f"--tokens-per-batch {tokens_per_batch} split over {grad_accum_steps} "
+            f"micro-batch(es) and {replicas} replica(s) leaves {replica} tokens per "
+            f"replica, fewer than one sequence of --max-length {max_length}; raise "
+            "--tokens-per-batch or lower --grad-accum-steps")
+    return BatchPlan(tokens_per_update=micro * grad_accum_steps,
+                     grad_accum_steps=grad_accum_steps, replicas=replicas,
+                     micro_batch_tokens=replica * replicas, replica_tokens=replica)
+
+
+def build_training_model(config, *, strategy=None, learning_rate_factor=1.0,
+                         grad_accum_steps=1, jit_compile="auto"):
+    """`build_model(config)` under the strategy's scope, compiled the paper's way.
+
+    Args:
+        config: the `TransformerConfig`.
+        strategy: a `tf.distribute.Strategy` (`get_strategy`), or `None`.
+        learning_rate_factor: multiplies the paper's schedule (equation 3).
+        grad_accum_steps: micro-batches per update (the schedule counts updates).
+        jit_compile: `model.compile`'s `jit_compile` (`"auto"`, `True`,
+            `False`, or the setting's strings `"true"` / `"false"`).
+
+    Returns:
+        The compiled model.
+    """
+    from keras_transformer.model import build_model
+
+    if jit_compile != "auto":
+        jit_compile = jit_compile in ("true", "1", True)
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    with scope:
+        model = build_model(config)
+        schedule = TransformerSchedule(config.d_model, config.warmup_steps,
+                                       scale=learning_rate_factor,
+                                       accumulation_steps=grad_accum_steps)
+        compile_model(model, learning_rate=schedule,
+                      gradient_accumulation_steps=grad_accum_steps, jit_compile=jit_compile)
+    return model
+
+
 # --- checkpoints -------------------------------------------------------------
 
 def optimizer_updates(optimizer):
@@ -86,75 +227,6 @@ def optimizer_updates(optimizer):
     `TransformerSchedule(accumulation_steps=...)`).
     """
     return int(keras.ops.convert_to_numpy(optimizer.iterations))
-
-
-class StopAtUpdate(keras.callbacks.Callback):
-    """Stops `fit` once the optimizer has applied `total_updates` updates.
-
-    `fit` runs whole epochs of `steps_per_epoch` batches; this ends the last
-    one early when the planned number of updates is not a multiple of the
-    epoch length. The epoch's validation and end-of-epoch callbacks still run.
-    """
-
-    def __init__(self, total_updates):
-        super().__init__()
-        if total_updates < 1:
-            raise ValueError(f"total_updates must be >= 1, received {total_updates}")
-        self.total_updates = total_updates
-
-    def on_train_batch_end(self, batch, logs=None):
-        if optimizer_updates(self.model.optimizer) >= self.total_updates:
-            self.model.stop_training = True
-
-
-class StepCheckpoint(keras.callbacks.Callback):
-    """Saves `ckpt-<update>.weights.h5` every `every_n_steps` updates, keeps the last `keep`.
-
-    Files are written to a temporary name and renamed, so a crash never leaves
-    a truncated checkpoint under a checkpoint name. The step in the name is the
-    optimizer's update count (`optimizer.iterations`, which counts updates,
-    not micro-batches, under gradient accumulation), which survives resumes.
-
-    Args:
-        directory: where to write.
-        every_n_steps: save interval in optimizer updates.
-        keep: number of most recent checkpoints kept (the paper averages the
-            last 5 for base and 20 for big).
-    """
-
-    def __init__(self, directory, every_n_steps=1000, keep=5):
-        super().__init__()
-        if every_n_steps < 1 or keep < 1:
-            raise ValueError(
-                f"every_n_steps and keep must be >= 1, received {every_n_steps}, {keep}"
-            )
-        self.directory = directory
-        self.every_n_steps = every_n_steps
-        self.keep = keep
-        self._last_saved = None
-
-    def _step(self):
-        return optimizer_updates(self.model.optimizer)
-
-    def save(self, step=None):
-        step = self._step() if step is None else step
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, f"ckpt-{step}.weights.h5")
-        save_weights(self.model, path)
-        self._last_saved = step
-        for _, old in list_checkpoints(self.directory)[:-self.keep]:
-            os.remove(old)
-        return path
-
-    def on_train_batch_end(self, batch, logs=None):
-        step = self._step()
-        if step and step % self.every_n_steps == 0 and step != self._last_saved:
-            self.save(step)
-
-    def on_train_end(self, logs=None):
-        step = self._step()
-        if step and step != self._last_saved:
-            self.save(step)
 
 
 def average_checkpoints(paths, output_path):
@@ -218,17 +290,6 @@ def average_checkpoints(paths, output_path):
     return output_path
 
 
-class LearningRateLogger(keras.callbacks.Callback):
-    """Adds the current learning rate and the optimizer step to the epoch logs."""
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None:
-            return
-        optimizer = self.model.optimizer
-        logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-        logs["step"] = optimizer_updates(optimizer)
-
-
 class TrainingTimer(keras.callbacks.Callback):
     """Times the training batches of `fit`, without validation and callbacks.
 
@@ -283,8 +344,8 @@ def plot_training(log_csv, output_png):
         log_csv: a run's `training_log.csv` (`keras_transformer.run_callbacks
             .TrainingLog`: `step`, `loss`, `learning_rate` on every row;
             `val_loss`, `val_bleu` on the rows where validation ran). Logs
-            of `keras.callbacks.CSVLogger` with `LearningRateLogger` columns
-            work too.
+            of `keras.callbacks.CSVLogger` with `step` and `learning_rate`
+            columns work too.
         output_png: the figure's path.
 
     Returns:

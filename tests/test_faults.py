@@ -43,8 +43,10 @@ def _command(corpus, run_dir, *extra):
 
 
 def _train(corpus, run_dir, *extra, expect=0, env=None):
+    # In the run's parent folder: the prepared corpus goes to its runs/prepared.
     result = subprocess.run(_command(corpus, run_dir, *extra), env=env or subprocess_env(),
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True, timeout=900,
+                            cwd=pathlib.Path(run_dir).parent)
     output = result.stdout + result.stderr
     assert result.returncode == expect, output[-5000:]
     return output
@@ -166,7 +168,7 @@ def test_sigterm_to_train_backs_up_the_update_and_the_rerun_continues(corpus, tm
     log_path = tmp_path / "first.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, env=subprocess_env(), stdout=log,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, cwd=tmp_path)
         deadline = time.time() + 600
         try:
             while "update 3/300" not in log_path.read_text():
@@ -495,7 +497,7 @@ def test_damaged_run_files_are_one_line_naming_the_file(tmp_path, capsys, name, 
         damage = target.read_bytes()[: target.stat().st_size // 2]
     target.write_bytes(damage)
     if name == "settings.json":
-        from keras_transformer.experiment import load_settings
+        from keras_transformer.settings import load_settings
 
         with pytest.raises(runs.RunError) as caught:
             load_settings({"output_dir": str(run.root)})

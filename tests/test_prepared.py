@@ -148,9 +148,13 @@ def test_the_seed_fixes_the_batches(corpus):
     assert any(x.shape != y.shape or (x != y).any() for x, y in zip(a, c))
 
 
-def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path):
+def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path, monkeypatch):
     """`prepare` + `train --data <prepared>` reads exactly the batches of `train --data <folder>`."""
-    from keras_transformer import experiment, runs
+    from keras_transformer import experiment, runs, training
+    from keras_transformer.data import corpora
+    from keras_transformer.settings import load_settings
+
+    monkeypatch.chdir(tmp_path)  # the default prepared root, runs/prepared, is relative
 
     result = subprocess.run(
         [sys.executable, "-m", "keras_transformer", "prepare", "--data", str(corpus_dir),
@@ -160,14 +164,15 @@ def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path):
     assert "1,201 training pairs" in result.stdout
 
     def batches(data, run_dir, **given):
-        settings = experiment.load_settings(given=dict(
+        settings = load_settings(given=dict(
             data=str(data), preset="tiny", tokens_per_batch=512, max_length=48,
             output_dir=str(run_dir), seed=5, **given))
         run = runs.RunFolder(run_dir)
         corpus = experiment.prepare_data(settings, run)
-        experiment.prepare_tokenizer(settings, run, corpus)
-        plan = experiment.plan_batches(512, max_length=48)
-        train_ds, valid_ds, per_update = experiment.make_datasets(settings, corpus, plan)
+        run.adopt_tokenizer(corpus)
+        plan = training.plan_batches(512, max_length=48)
+        train_ds, valid_ds, per_update = corpora.training_datasets(
+            corpus, tokens_per_batch=plan.micro_batch_tokens, max_length=48, seed=5)
         train = [(x["source_ids"], y) for x, y in train_ds.take(30).as_numpy_iterator()]
         valid = [y for _, y in valid_ds.as_numpy_iterator()]
         return settings, train, valid, per_update
@@ -272,7 +277,7 @@ def test_training_on_a_damaged_shard_stops_with_one_line_naming_it(corpus, tmp_p
          "--preset", "tiny", "--max-length", "48", "--tokens-per-batch", "512",
          "--train-steps", "4", "--validation-bleu-sentences", "0", "--export-dir", "",
          "--output-dir", str(tmp_path / "run"), "--verbose", "0"],
-        capture_output=True, text=True, timeout=600, env=env)
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"prepared shard {shard} is corrupt" in lines[0], lines
@@ -280,12 +285,12 @@ def test_training_on_a_damaged_shard_stops_with_one_line_naming_it(corpus, tmp_p
 
 def test_a_prepared_folder_brings_its_vocabulary_and_refuses_another(corpus, tmp_path):
     from keras_transformer import experiment, runs
-    from keras_transformer.settings import SettingsError
+    from keras_transformer.settings import SettingsError, load_settings
 
-    settings = experiment.load_settings(given=dict(
+    settings = load_settings(given=dict(
         data=str(corpus.directory), preset="tiny", output_dir=str(tmp_path / "run")))
     assert settings.vocab_size == 600  # not the tiny preset's 4000
-    settings = experiment.load_settings(given=dict(
+    settings = load_settings(given=dict(
         data=str(corpus.directory), preset="tiny", vocab_size=4000,
         output_dir=str(tmp_path / "run")))
     with pytest.raises(SettingsError, match="has vocabulary size 600"):
@@ -325,3 +330,29 @@ def test_a_tf_data_corpus_prepares_like_its_text_files(corpus, corpus_dir, tmp_p
     assert prepared.stale_reason(tmp_path / "p", inputs, vocab_size=600) is None
     other = dataclasses.replace(inputs, key={"tfds": "test", "v": 2})
     assert "was prepared from" in prepared.stale_reason(tmp_path / "p", other, vocab_size=600)
+
+
+def test_train_finds_what_prepare_wrote_whatever_its_output_dir(corpus_dir, tmp_path,
+                                                                monkeypatch, caplog):
+    """`prepare --data X` then `train --data X --output-dir <anywhere>`: no second preparation."""
+    from keras_transformer import experiment, runs
+    from keras_transformer.settings import load_settings
+
+    monkeypatch.chdir(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformer", "prepare", "--data", str(corpus_dir),
+         "--vocab-size", "600"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = tmp_path / "runs" / "prepared" / "m30k_v600"
+    assert str(written.relative_to(tmp_path)) in result.stdout
+    manifest = (written / "manifest.json").read_bytes()
+    caplog.set_level(logging.INFO, logger="keras_transformer")
+    for output_dir in (tmp_path / "elsewhere" / "deep" / "run", tmp_path / "runs" / "r2"):
+        settings = load_settings(given=dict(data=str(corpus_dir), preset="tiny",
+                                            vocab_size=600, output_dir=str(output_dir)))
+        corpus = experiment.prepare_data(settings, runs.RunFolder(output_dir))
+        assert corpus.directory.resolve() == written.resolve()
+        assert corpus.reused
+    assert (written / "manifest.json").read_bytes() == manifest  # not prepared again
+    assert not any("Preparing" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / "elsewhere" / "deep" / "prepared").exists()

@@ -117,7 +117,7 @@ def _train_args(*argv):
 
 
 def test_table_3_row_a_config_file_builds_16_heads_of_32_dims(tmp_path):
-    from keras_transformer.experiment import load_settings
+    from keras_transformer.settings import load_settings
     from keras_transformer.layers import MultiHeadAttention
     from keras_transformer.model import build_model
 
@@ -154,7 +154,7 @@ def test_table_3_row_a_config_file_builds_16_heads_of_32_dims(tmp_path):
     ("[training]\ntrain_steps = -3\n", "--train-steps must be a positive integer"),
 ])
 def test_bad_config_files_name_the_problem(tmp_path, text, message):
-    from keras_transformer.experiment import load_settings
+    from keras_transformer.settings import load_settings
     from keras_transformer.settings import SettingsError
 
     config_file = tmp_path / "bad.toml"
@@ -166,7 +166,7 @@ def test_bad_config_files_name_the_problem(tmp_path, text, message):
 
 @pytest.mark.backend_independent
 def test_saved_settings_are_the_defaults_and_fixed_ones_cannot_change(tmp_path):
-    from keras_transformer.experiment import load_settings
+    from keras_transformer.settings import load_settings
     from keras_transformer.settings import SettingsError
 
     run = runs.RunFolder(tmp_path)
@@ -188,7 +188,7 @@ def test_saved_settings_are_the_defaults_and_fixed_ones_cannot_change(tmp_path):
 @pytest.mark.backend_independent
 def test_tokens_per_update_do_not_depend_on_replicas_or_accumulation(shared_data, tmp_path):
     from keras_transformer import data as kt_data
-    from keras_transformer.experiment import plan_batches
+    from keras_transformer.training import plan_batches
 
     corpus = shared_data / "multi30k"
     tokenizer = kt_data.train_tokenizer([corpus / "valid.en", corpus / "valid.de"], 500,
@@ -235,8 +235,10 @@ def small_corpus(tmp_path_factory):
 
 
 def _train(corpus, run_dir, *extra, expect=0):
+    # In the run's parent folder: the prepared corpus goes to its runs/prepared.
     result = subprocess.run(tiny_train_command(corpus, run_dir, *extra), env=subprocess_env(),
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True, timeout=900,
+                            cwd=pathlib.Path(run_dir).parent)
     output = result.stdout + result.stderr
     assert result.returncode == expect, output[-5000:]
     return output
@@ -365,7 +367,8 @@ def test_kill_9_after_a_wall_clock_backup_resumes(small_corpus, tmp_path):
                              "--checkpoint-every", "1000", "--backup-minutes", "0.005",
                              "--validation-bleu-sentences", "0")
     log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(command, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(command, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT,
+                             cwd=tmp_path)
     deadline = time.time() + 600
     run = runs.RunFolder(run_dir)
     try:
@@ -424,7 +427,8 @@ def test_train_errors_are_one_line_without_tensorflow_noise(tmp_path, problem):
     result = subprocess.run(
         [sys.executable, "-m", "keras_transformer", "train", "--data", str(corpus),
          "--preset", "tiny", "--vocab-size", "300", "--verbose", "0", "--output-dir",
-         str(tmp_path / "run"), *extra], env=env, capture_output=True, text=True, timeout=300)
+         str(tmp_path / "run"), *extra], env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -92,16 +92,6 @@ def test_average_checkpoints_of_two_known_weight_sets_is_their_mean(tiny_config,
                                tmp_path / "y.weights.h5")
 
 
-def test_step_checkpoint_keeps_the_last_k(tiny_config, tmp_path):
-    model = kt.compile_model(kt.build_model(tiny_config))
-    inputs, labels = random_pairs(tiny_config, num_pairs=16)
-    callback = kt.StepCheckpoint(tmp_path / "ckpt", every_n_steps=2, keep=3)
-    model.fit(inputs, labels, batch_size=2, epochs=1, verbose=0, callbacks=[callback])
-    steps = [step for step, _ in kt.list_checkpoints(tmp_path / "ckpt")]
-    assert steps == [4, 6, 8]
-    assert not [p for p in (tmp_path / "ckpt").iterdir() if "partial" in p.name]
-
-
 def test_gradient_accumulation_equals_one_larger_batch(tiny_config):
     """k accumulated micro-batches make one update equal to one k-times larger batch."""
     config = tiny_config.replace(dropout=0.0)
@@ -148,21 +138,22 @@ def test_schedule_counts_updates_under_accumulation(tiny_config):
         rtol=1e-6)
 
 
-def test_stop_at_update_ends_the_last_epoch_early(tiny_config, tmp_path):
-    """7 planned updates with 4-update epochs: fit stops after update 7, and
-    the checkpoints are named by update, not by micro-batch (accumulation 2)."""
-    model = kt.compile_model(kt.build_model(tiny_config), gradient_accumulation_steps=2)
-    inputs, labels = random_pairs(tiny_config, num_pairs=16)  # 8 micro-batches of 2
-    timer = kt.TrainingTimer()
-    checkpoints = kt.StepCheckpoint(tmp_path / "ckpt", every_n_steps=3, keep=5)
-    history = model.fit(inputs, labels, batch_size=2, epochs=3, verbose=0,
-                        callbacks=[kt.StopAtUpdate(7), checkpoints, timer])
-    assert kt.optimizer_updates(model.optimizer) == 7
-    assert len(history.history["loss"]) == 2  # the second epoch ended early
-    assert timer.steps == 14  # micro-batches
-    assert [s for s, _ in kt.list_checkpoints(tmp_path / "ckpt")] == [3, 6, 7]
-    with pytest.raises(ValueError, match="total_updates"):
-        kt.StopAtUpdate(0)
+def test_build_training_model_scales_the_papers_schedule(tiny_config):
+    """The job's model: equation (3) times the factor, counted in updates; Adam(0.9, 0.98, 1e-9)."""
+    config = tiny_config.replace(warmup_steps=50)
+    model = kt.build_training_model(config, learning_rate_factor=2.0, grad_accum_steps=2,
+                                    jit_compile="false")
+    optimizer = model.optimizer
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    assert optimizer.gradient_accumulation_steps == 2
+    inputs, labels = random_pairs(config, num_pairs=12)
+    model.fit(inputs, labels, batch_size=2, epochs=1, verbose=0)  # 6 micro-batches
+    updates = kt.optimizer_updates(optimizer)
+    assert updates == 3
+    step = updates + 1  # the rate of the next update, steps numbered from 1
+    paper = config.d_model ** -0.5 * min(step ** -0.5, step * 50 ** -1.5)
+    np.testing.assert_allclose(
+        float(keras.ops.convert_to_numpy(optimizer.learning_rate)), 2.0 * paper, rtol=1e-6)
 
 
 def test_training_timer_counts_steps_and_tokens(tiny_config):

@@ -62,7 +62,7 @@ def main(argv=None, prog=PROG):
         if os.environ.get("KT_TRACEBACK"):
             raise
         message = str(error).strip() or type(error).__name__
-        # A run stopped on a signal (`experiment.TrainingStopped`) is not an
+        # A run stopped on a signal (`run_callbacks.TrainingStopped`) is not an
         # error: it says where it stopped and exits 128 + the signal number.
         status = getattr(error, "exit_status", 1)
         kind = "error: " if status == 1 else ""

@@ -49,8 +49,7 @@ def add_parser(commands):
 
 def run_prepare(args):
     setup_logging()
-    from keras_transformer.data import prepared
-    from keras_transformer.experiment import corpus_inputs
+    from keras_transformer.data import corpora, prepared
     from keras_transformer.settings import PRESET_DEFAULTS
 
     if args.preset not in PRESET_DEFAULTS:
@@ -67,10 +66,8 @@ def run_prepare(args):
                            "text folder")
     vocab_size = args.vocab_size or PRESET_DEFAULTS[args.preset]["vocab_size"]
     max_length = args.max_length or PRESET_DEFAULTS[args.preset]["max_length"]
-    root = pathlib.Path("runs") / "prepared"
-    inputs = corpus_inputs(args.data, root, seed=args.seed)
-    output = args.output or prepared.default_directory(root, inputs, vocab_size,
-                                                       args.tokenizer)
+    inputs = corpora.corpus_inputs(args.data, seed=args.seed)
+    output = args.output or corpora.default_prepared_dir(inputs, vocab_size, args.tokenizer)
     options = dict(seed=args.seed, max_length=max_length, num_shards=args.num_shards)
     if args.tokenizer_sample:
         options["tokenizer_sample"] = args.tokenizer_sample

@@ -23,8 +23,8 @@ def run_train(args):
     job, model, config_file = given_from_args(args)
     setup_logging(job.get("verbose", 1))
     from keras_transformer import experiment
+    from keras_transformer.settings import load_settings
 
-    settings = experiment.load_settings(job, model, config_file)
-    experiment.train(settings)
+    experiment.train(load_settings(job, model, config_file))
     return 0
 

@@ -40,26 +40,22 @@ Layout of a prepared folder:
 """
 
 import array
-import contextlib
 import dataclasses
 import datetime
-import fcntl
 import json
 import logging
 import os
 import pathlib
-import random
 import resource
 import shutil
 import struct
-import sys
 import time
 
 import numpy as np
 
 from keras_transformer import names
 from keras_transformer.data.readers import CorpusError, iter_parallel_lines
-from keras_transformer.runs import file_sha256
+from keras_transformer.runs import file_lock, file_sha256
 
 logger = logging.getLogger("keras_transformer")
 
@@ -246,24 +242,6 @@ def length_policy_counts(split_stats, max_length):
 
 def _peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-@contextlib.contextmanager
-def _folder_lock(directory):
-    """An exclusive lock on `.<name>.lock` beside the folder, so two runs never prepare at once."""
-    directory = pathlib.Path(directory)
-    lock_path = directory.parent / f".{directory.name}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info(f"Waiting for another process preparing {directory} ...")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _iter_pairs(value, what):
@@ -561,7 +539,9 @@ def ensure_prepared(inputs, output_dir, *, vocab_size, tokenizer_file=None, veri
     which happened; `verify=True` checks a reused one's shards by sha256.
     """
     output_dir = pathlib.Path(output_dir)
-    with _folder_lock(output_dir):
+    # So that two processes never prepare the same folder at once.
+    with file_lock(output_dir.parent / f".{output_dir.name}.lock",
+                   waiting=f"Waiting for another process preparing {output_dir} ..."):
         reason = stale_reason(output_dir, inputs, vocab_size=vocab_size,
                               tokenizer_file=tokenizer_file)
         shards = options.get("num_shards")

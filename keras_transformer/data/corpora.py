@@ -1,0 +1,171 @@
+"""Which corpus `--data` names, its preparation, and the datasets a run trains on.
+
+    corpus = prepare_corpus("demo", vocab_size=4000, max_length=64)
+    train_ds, valid_ds, tokens_per_update = training_datasets(
+        corpus, tokens_per_batch=4096, max_length=64)
+
+`--data` is `demo` (generated offline), `wmt14` (tensorflow-datasets), a
+folder of `{train,valid,test}.{en,de}` text files, or a folder written by
+`prepare`. Text is prepared once into `PREPARED_ROOT/<corpus>_v<vocab>` (or
+`_spm-<hash>` for a given vocabulary), the one place both `keras-transformer
+prepare` and `train` look, whatever the run's `--output-dir`, and reused
+until an input file or the vocabulary size changes.
+"""
+
+import itertools
+import logging
+import pathlib
+
+from keras_transformer import names
+from keras_transformer.data import prepared
+from keras_transformer.settings import SettingsError
+
+logger = logging.getLogger("keras_transformer")
+
+PREPARED_ROOT = pathlib.Path(names.PREPARED_ROOT)
+
+
+def corpus_inputs(data, work_dir=None, *, seed=0):
+    """The `prepared.CorpusInputs` that `--data` names.
+
+    Args:
+        data: `"demo"` (generated offline, see `keras_transformer.data.demo`),
+            `"wmt14"` (tensorflow-datasets; needs internet the first time), or
+            a folder with `{train,valid,test}.{en,de}`.
+        work_dir: where the demo corpus's text goes (default `PREPARED_ROOT`).
+        seed: demo corpus seed.
+    """
+    if data == "demo":
+        from keras_transformer.data.demo import write_demo_corpus
+
+        directory = pathlib.Path(work_dir or PREPARED_ROOT) / f"demo-seed{seed}"
+        if not (directory / "test.de").exists():
+            write_demo_corpus(directory, seed=seed)
+        inputs = prepared.text_inputs(directory, name=f"demo-seed{seed}")
+    elif data == "wmt14":
+        from keras_transformer.data.readers import WMT14_NAME, load_wmt14
+
+        # tfds names: train (4.5M pairs), validation (newstest2013), test
+        # (newstest2014). Loaded only when a preparation is needed.
+        inputs = prepared.CorpusInputs(
+            "wmt14", train=lambda: load_wmt14("train"),
+            valid=lambda: load_wmt14("validation"), test=lambda: load_wmt14("test"),
+            key={"tfds": WMT14_NAME, "splits": ["train", "validation", "test"]})
+    else:
+        inputs = prepared.text_inputs(data)
+    missing = [split for split in ("valid", "test") if getattr(inputs, split) is None]
+    if missing:
+        raise FileNotFoundError(
+            f"corpus folder {data} must hold train/valid/test .en/.de files (the layout "
+            f"of shared/data/multi30k); missing: {', '.join(missing)}")
+    return inputs
+
+
+def default_prepared_dir(inputs, vocab_size, tokenizer_file=None, root=None):
+    """`<root>/<corpus>_v<vocab>` (or `_spm-<hash>` for a given vocabulary); root `PREPARED_ROOT`."""
+    return prepared.default_directory(root or PREPARED_ROOT, inputs, vocab_size,
+                                      tokenizer_file)
+
+
+def prepare_corpus(data, *, vocab_size, max_length=None, prepared_dir=None,
+                   tokenizer_file=None, tokenizer_from_default=False, seed=0):
+    """The `PreparedCorpus` that `--data` names, prepared now only when needed.
+
+    A prepared folder is used as it is (its vocabulary size must be
+    `vocab_size`). Text (demo, wmt14, a folder) is prepared into
+    `prepared_dir` (default `default_prepared_dir`) the first time and
+    reused afterwards; a changed input file or vocabulary size prepares it
+    again. The preparation belongs to the corpus, not to a run: its
+    tokenizer sample and shard order use `prepare`'s default seed, so runs
+    with any seed share it.
+
+    Args:
+        data: see `corpus_inputs`, or a prepared folder.
+        vocab_size: the vocabulary size.
+        max_length: reported by the length policy of the preparation.
+        prepared_dir: where to prepare text (default `default_prepared_dir`).
+        tokenizer_file: a SentencePiece model the corpus must be encoded with
+            (a continued run's, or the one of the weights a run fine-tunes);
+            `None` trains one.
+        tokenizer_from_default: `tokenizer_file` came from the default
+            preparation (a continued run's own): that folder is reused as it
+            is while it is up to date, instead of a folder of its own.
+        seed: the demo corpus's seed.
+
+    Raises:
+        SettingsError: a prepared folder of another vocabulary size.
+        prepared.PreparedCorpusError: a corpus without valid and test splits,
+            or a damaged preparation.
+    """
+    if prepared.is_prepared(data):
+        corpus = prepared.PreparedCorpus(data)
+        corpus.check()
+        if corpus.vocab_size != vocab_size:
+            raise SettingsError(
+                f"--vocab-size {vocab_size}: the prepared corpus {data} has vocabulary "
+                f"size {corpus.vocab_size}; prepare it again with --vocab-size "
+                f"{vocab_size}, or leave the flag out")
+        logger.info(f"Prepared corpus {data}: {corpus.summary()}")
+    else:
+        inputs = corpus_inputs(data, seed=seed)
+        named = None if tokenizer_from_default else tokenizer_file
+        directory = prepared_dir or default_prepared_dir(inputs, vocab_size, named)
+        if tokenizer_from_default and prepared.stale_reason(
+                directory, inputs, vocab_size=vocab_size) is None:
+            tokenizer_file = None  # the usual case: the vocabulary came from there
+        corpus = prepared.ensure_prepared(inputs, directory, vocab_size=vocab_size,
+                                          tokenizer_file=tokenizer_file,
+                                          max_length=max_length)
+    if not corpus.has_split("valid") or corpus.text_paths("test") is None:
+        raise prepared.PreparedCorpusError(
+            f"the prepared corpus {corpus.directory} has no valid and test splits; "
+            "training needs both")
+    return corpus
+
+
+def training_datasets(corpus, *, tokens_per_batch, max_length, num_replicas=1,
+                      grad_accum_steps=1, seed=0):
+    """Training and validation `tf.data` pipelines streamed from a corpus's shards.
+
+    Token counts come from the manifest: nothing is read before the first
+    update.
+
+    Args:
+        corpus: a `prepared.PreparedCorpus`.
+        tokens_per_batch: token slots of one micro-batch, over all replicas.
+        max_length: the length policy's limit.
+        num_replicas: batch sizes are multiples of this.
+        grad_accum_steps: micro-batches per update (for the token count).
+        seed: the training order's seed (a resumed run passes `seed +
+            start_update`, so it does not replay its first batches).
+
+    Returns:
+        `(train_ds, valid_ds, target_tokens_per_update)`.
+    """
+    import tensorflow as tf
+
+    common = dict(tokens_per_batch=tokens_per_batch, max_length=max_length,
+                  num_replicas=num_replicas)
+    counts = corpus.length_policy("train", max_length)
+    logger.info(f"Training pairs: {counts.num_pairs:,}; the length policy (max "
+                f"{max_length} tokens) drops {counts.num_over_long:,}")
+    train_ds = corpus.dataset("train", training=True, repeat=True, seed=seed, **common)
+    batches, target_tokens = corpus.batch_plan("train", training=True, **common)
+    # A known number of validation batches: without it Keras warns that the
+    # input "ran out of data".
+    valid_batches, _ = corpus.batch_plan("valid", training=False, **common)
+    valid_ds = corpus.dataset("valid", training=False, **common).apply(
+        tf.data.experimental.assert_cardinality(valid_batches))
+    return train_ds, valid_ds, target_tokens / max(batches, 1) * grad_accum_steps
+
+
+def validation_sample(corpus, count):
+    """The first `count` validation pairs with two non-empty sides, as (sources, references)."""
+    from keras_transformer.data.readers import iter_parallel_lines
+
+    if not count:
+        return (), ()
+    pairs = ((s, t) for _, s, t in iter_parallel_lines(*corpus.text_paths("valid"))
+             if s.strip() and t.strip())
+    sample = list(itertools.islice(pairs, count))
+    return [s for s, _ in sample], [t for _, t in sample]
