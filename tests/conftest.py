@@ -112,7 +112,7 @@ BACKEND_INDEPENDENT_MODULES = {
     "test_data_tokenizer.py",
     # tf.data bucketing/batching, plus a MirroredStrategy subprocess pinned to
     # KERAS_BACKEND=tensorflow (one test fits a model: see the exceptions).
-    "test_data_pipeline.py",
+    "test_data_streaming.py",
     # Prepared corpora: SentencePiece, TFRecord shards, tf.data streaming, and
     # the prepare / train commands in subprocesses.
     "test_prepared.py",

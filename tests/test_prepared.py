@@ -9,12 +9,11 @@ import pathlib
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import sentencepiece
 
 from keras_transformer.data import prepared
-from keras_transformer.data.pipeline import bucket_boundaries
+from keras_transformer.data.streaming import bucket_boundaries
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -99,7 +98,7 @@ def test_one_pass_holds_every_pair_once_as_sentencepiece_encodes_it(corpus, corp
 
 
 def test_manifest_counts_match_the_data(corpus, corpus_dir):
-    from keras_transformer.data import Tokenizer, count_length_policy, load_parallel_text
+    from keras_transformer.data import LengthPolicyCounts
 
     train = corpus.split("train")
     assert train["pairs_read"] == 1203
@@ -108,13 +107,19 @@ def test_manifest_counts_match_the_data(corpus, corpus_dir):
     assert len(train["shards"]) == 3 and all(s["pairs"] > 300 for s in train["shards"])
     assert sum(s["bytes"] for s in train["shards"]) == sum(
         (corpus.directory / s["file"]).stat().st_size for s in train["shards"])
-    # Token counts and the length policy, against the in-graph counter of the
-    # in-memory pipeline, on the same text.
-    tokenizer = Tokenizer.load(corpus.tokenizer_file)
-    pairs = load_parallel_text(corpus_dir / "train.en", corpus_dir / "train.de")
+    # Token counts and the length policy (from the manifest's histograms),
+    # against SentencePiece's Python API on the same text.
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(corpus.tokenizer_file))
+    lengths = [(len(processor.encode(s)) + 1, len(processor.encode(t)) + 1)  # + EOS
+               for s, t in zip(_lines(corpus_dir / "train.en"), _lines(corpus_dir / "train.de"))
+               if s.strip() and t.strip()]
     for max_length in (16, 48, 500):
-        assert corpus.length_policy("train", max_length) == count_length_policy(
-            pairs, tokenizer, max_length)
+        assert corpus.length_policy("train", max_length) == LengthPolicyCounts(
+            num_pairs=len(lengths),
+            num_over_long=sum(max(s, t) > max_length for s, t in lengths),
+            num_source_over_long=sum(s > max_length for s, _ in lengths),
+            num_target_over_long=sum(t > max_length for _, t in lengths),
+            source_tokens=sum(s for s, _ in lengths), target_tokens=sum(t for _, t in lengths))
     assert train["length_policy"]["max_length"] == 48
     assert train["length_policy"]["num_over_long"] == corpus.length_policy(
         "train", 48).num_over_long > 0

@@ -187,13 +187,13 @@ def test_saved_settings_are_the_defaults_and_fixed_ones_cannot_change(tmp_path):
 
 @pytest.mark.backend_independent
 def test_tokens_per_update_do_not_depend_on_replicas_or_accumulation(shared_data, tmp_path):
-    from keras_transformer import data as kt_data
+    from keras_transformer.data import prepared
     from keras_transformer.training import plan_batches
 
-    corpus = shared_data / "multi30k"
-    tokenizer = kt_data.train_tokenizer([corpus / "valid.en", corpus / "valid.de"], 500,
-                                        tmp_path / "spm.model")
-    pairs = kt_data.load_parallel_text(corpus / "valid.en", corpus / "valid.de")
+    # Multi30k's validation pairs as the training split of a prepared corpus.
+    folder = shared_data / "multi30k"
+    inputs = prepared.CorpusInputs("m30k-valid", train=(folder / "valid.en", folder / "valid.de"))
+    corpus = prepared.ensure_prepared(inputs, tmp_path / "prepared", vocab_size=500)
     per_update = {}
     for replicas in (1, 2):
         for accumulation in (1, 4):
@@ -202,9 +202,9 @@ def test_tokens_per_update_do_not_depend_on_replicas_or_accumulation(shared_data
             assert plan.tokens_per_update == 4096
             assert plan.micro_batch_tokens * accumulation == 4096
             assert plan.replica_tokens * replicas == plan.micro_batch_tokens
-            dataset = kt_data.make_dataset(pairs, tokenizer, training=True, repeat=True,
-                                           seed=0, max_length=64, num_replicas=replicas,
-                                           tokens_per_batch=plan.micro_batch_tokens)
+            dataset = corpus.dataset("train", training=True, repeat=True, seed=0,
+                                     max_length=64, num_replicas=replicas,
+                                     tokens_per_batch=plan.micro_batch_tokens)
             slots = []
             for inputs, _ in dataset.take(64 * accumulation).as_numpy_iterator():
                 source, target = inputs["source_ids"], inputs["target_ids"]

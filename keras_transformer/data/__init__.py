@@ -1,28 +1,20 @@
-"""Data for the Transformer: tokenizer, corpus readers, tf.data pipeline, demo corpus.
+"""Data for the Transformer: tokenizer, corpus readers, prepared corpora, demo corpus.
 
 TensorFlow-only (tf.data, tf-text, sentencepiece, tensorflow-datasets); the
-datasets it builds feed `model.fit` on every Keras backend.
+datasets it builds feed `model.fit` on every Keras backend. A corpus is
+prepared once (`prepared`: vocabulary, token-id shards, manifest) and
+streamed into length-bucketed batches (`streaming`); `corpora` says which
+corpus `--data` names and prepares it.
 
 Example:
 
->>> from keras_transformer import data
->>> paths = data.write_demo_corpus("demo")  # or real aligned .en/.de files
->>> tokenizer = data.train_tokenizer(paths["train"], 8000, "demo/spm.model")
->>> pairs = data.load_parallel_text(*paths["train"])
->>> dataset = data.make_dataset(pairs, tokenizer, tokens_per_batch=4096,
-...                             max_length=64, training=True)
->>> model.fit(dataset, epochs=10)
+>>> from keras_transformer.data import corpora
+>>> corpus = corpora.prepare_corpus("demo", vocab_size=4000)  # or a text folder
+>>> dataset = corpus.dataset("train", tokens_per_batch=4096, max_length=64,
+...                          training=True, repeat=True)
+>>> model.fit(dataset, steps_per_epoch=1000)
 """
 
-from keras_transformer.data.pipeline import (
-    BatchStatistics,
-    LengthPolicyCounts,
-    batch_statistics,
-    bucket_batch_sizes,
-    bucket_boundaries,
-    count_length_policy,
-    make_dataset,
-)
 from keras_transformer.data.readers import (
     CorpusError,
     ParallelText,
@@ -30,13 +22,17 @@ from keras_transformer.data.readers import (
     load_wmt14,
     write_parallel_text,
 )
+from keras_transformer.data.streaming import (
+    LengthPolicyCounts,
+    bucket_batch_sizes,
+    bucket_boundaries,
+)
 from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = [
-    "BatchStatistics", "CorpusError", "LengthPolicyCounts", "ParallelText", "Tokenizer",
-    "batch_statistics", "bucket_batch_sizes", "bucket_boundaries", "count_length_policy",
-    "generate_pairs", "load_parallel_text", "load_wmt14", "make_dataset", "train_tokenizer",
-    "write_demo_corpus", "write_parallel_text",
+    "CorpusError", "LengthPolicyCounts", "ParallelText", "Tokenizer", "bucket_batch_sizes",
+    "bucket_boundaries", "generate_pairs", "load_parallel_text", "load_wmt14",
+    "train_tokenizer", "write_demo_corpus", "write_parallel_text",
 ]
 
 _DEMO_NAMES = ("generate_pairs", "write_demo_corpus")

@@ -223,7 +223,7 @@ class _SplitStats:
 
 def length_policy_counts(split_stats, max_length):
     """A `LengthPolicyCounts` for `max_length` from a manifest split's histograms."""
-    from keras_transformer.data.pipeline import LengthPolicyCounts
+    from keras_transformer.data.streaming import LengthPolicyCounts
 
     lengths = split_stats["lengths"]
     source = _histogram_array(lengths["source"])

@@ -278,7 +278,7 @@ def load_wmt14(split, *, data_dir=None, download=True, timeout=5.0):
 
     Returns:
         A `tf.data.Dataset` of `(english, german)` scalar `tf.string` pairs,
-        which `make_dataset` accepts.
+        which a preparation accepts (`prepared.CorpusInputs`).
 
     Raises:
         RuntimeError: the data is missing and cannot be downloaded.
@@ -286,8 +286,8 @@ def load_wmt14(split, *, data_dir=None, download=True, timeout=5.0):
     Example:
 
     >>> pairs = load_wmt14("validation")  # newstest2013
-    >>> dataset = make_dataset(pairs, tokenizer, tokens_per_batch=25000,
-    ...                        max_length=256, training=False)
+    >>> next(pairs.as_numpy_iterator())
+    (b'A Republican strategy to counter the re-election of Obama', b'Eine ...')
     """
     import tensorflow_datasets as tfds
 

@@ -1,11 +1,13 @@
 """Streams prepared shards into length-bucketed batches, a window at a time.
 
-`make_dataset` (`pipeline.py`) groups pairs into buckets one pair at a time
-(`group_by_window`), which costs tf.data several microseconds per pair: about
-15,000 pairs/s on 2 cores, far below what an accelerator consumes. Here the
-same batches (the fixed buckets of `bucket_boundaries`, `tokens_per_batch //
-bound` pairs per batch, so at most `len(boundaries)` shapes) are made with a
-few vectorized ops per *window* of thousands of pairs:
+The paper batches sentence pairs "by approximate sequence length", each batch
+holding about 25,000 source and 25,000 target tokens (section 5.1). Grouping
+pairs into buckets one pair at a time (`tf.data`'s `group_by_window`) costs
+several microseconds per pair: about 15,000 pairs/s on 2 cores, far below
+what an accelerator consumes. Here the batches (the fixed buckets of
+`bucket_boundaries`, `tokens_per_batch // bound` pairs per batch, so at most
+`len(boundaries)` shapes) are made with a few vectorized ops per *window* of
+thousands of pairs:
 
 1. read the shards interleaved (`cycle_length` at a time, their order
    reshuffled every epoch), shuffle the serialized records in a bounded
@@ -26,14 +28,23 @@ few vectorized ops per *window* of thousands of pairs:
 Every batch has exactly the shape `(batch_size(bucket), bound(bucket))`, on
 both sides, so an XLA-compiled or JAX-jitted step sees at most
 `len(boundaries)` shapes.
+
+Sequence convention (the model's inputs, pad id 0):
+
+    source_ids = subwords(source) + [EOS]
+    target_ids = [BOS] + subwords(target)      (right-shifted, teacher forcing)
+    labels     = subwords(target) + [EOS]
+
+To train on pairs held in memory, write them as text files
+(`readers.write_parallel_text`) and prepare them (`corpora.prepare_corpus`):
+there is one batcher.
 """
 
+import dataclasses
 import os
 
 import numpy as np
 import tensorflow as tf
-
-from keras_transformer.data.pipeline import bucket_batch_sizes, bucket_boundaries
 
 # Pairs decoded and bucketed together.
 WINDOW_SIZE = 16_384
@@ -44,6 +55,93 @@ BATCH_SHUFFLE_SIZE = 512
 CYCLE_LENGTH = 16
 
 _ITEM = {"uint16": (tf.uint16, 2), "int32": (tf.int32, 4)}
+
+
+def bucket_boundaries(max_length, *, min_length=8, growth=1.1, multiple=8):
+    """The fixed bucket upper bounds of the batches.
+
+    Bounds grow geometrically (by `growth`, at least by `multiple`), rounded
+    up to a multiple of `multiple` (friendly to accelerators), and the last
+    one is `max_length`. Bucket i holds the pairs whose longer side has
+    `boundaries[i-1] < length <= boundaries[i]` tokens.
+
+    Args:
+        max_length: the longest sequence, BOS/EOS included.
+        min_length: the first (smallest) bound.
+        growth: ratio between successive bounds.
+        multiple: bounds are multiples of this (except `max_length`).
+
+    Returns:
+        A strictly increasing list of ints ending with `max_length`.
+
+    Example:
+
+    >>> bucket_boundaries(64)
+    [8, 16, 24, 32, 40, 48, 56, 64]
+    """
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a positive integer, received {max_length!r}")
+    if growth < 1.0:
+        raise ValueError(f"growth must be >= 1, received {growth}")
+    boundaries = []
+    bound = min_length
+    while bound < max_length:
+        boundaries.append(bound)
+        grown = -(-int(np.ceil(bound * growth)) // multiple) * multiple
+        bound = max(bound + multiple, grown)
+    boundaries.append(max_length)
+    return boundaries
+
+
+def bucket_batch_sizes(boundaries, tokens_per_batch, *, num_replicas=1):
+    """Per-bucket batch sizes: `tokens_per_batch // bound`, a multiple of `num_replicas`.
+
+    Args:
+        boundaries: bucket upper bounds, as from `bucket_boundaries`.
+        tokens_per_batch: the (global) token budget of one batch and side.
+        num_replicas: batch sizes are rounded down to a multiple of this, so
+            `tf.distribute` splits every full batch evenly.
+
+    Returns:
+        A list of ints, one per bucket.
+    """
+    if not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a positive integer, received {num_replicas!r}")
+    sizes = [tokens_per_batch // bound // num_replicas * num_replicas
+             for bound in boundaries]
+    if sizes[-1] < 1:
+        raise ValueError(
+            f"tokens_per_batch={tokens_per_batch} is too small: the longest bucket "
+            f"(length {boundaries[-1]}) needs at least {boundaries[-1] * num_replicas} "
+            f"tokens for one sentence per replica (num_replicas={num_replicas}); "
+            "raise tokens_per_batch or lower max_length"
+        )
+    return sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthPolicyCounts:
+    """What the length policy does to a corpus (`PreparedCorpus.length_policy`).
+
+    Attributes:
+        num_pairs: pairs read.
+        num_over_long: pairs with a side longer than `max_length` (BOS/EOS
+            included): dropped for training, truncated for evaluation.
+        num_source_over_long, num_target_over_long: the same, per side.
+        source_tokens, target_tokens: tokens per side, EOS included, before
+            the policy.
+    """
+
+    num_pairs: int
+    num_over_long: int
+    num_source_over_long: int
+    num_target_over_long: int
+    source_tokens: int
+    target_tokens: int
+
+    @property
+    def num_kept_for_training(self):
+        return self.num_pairs - self.num_over_long
 
 
 def default_window_parallelism():

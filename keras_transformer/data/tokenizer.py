@@ -20,6 +20,18 @@ Training options, chosen so that `detokenize(tokenize(s)) == s`:
   UTF-8 bytes (`<0x..>` pieces, 256 ids of the vocabulary) instead of `<unk>`,
   so rare characters (brackets in a German-trained model, soft hyphens,
   emoji, CJK) survive the round trip.
+
+The translation front end is written once, here, as graph ops of `Tokenizer`
+that every way of translating calls (`Translator`, the exported SavedModel,
+`CTranslate2Translator`):
+
+- `encode_source(text, max_length)`: invalid UTF-8 replaced by U+FFFD,
+  SentencePiece pieces, the first `max_length - 1` of them, then EOS; a
+  blank sentence (empty, or only whitespace as Python's `str.isspace`
+  defines it) gives an empty row, which callers answer with `""` without
+  decoding.
+- `decode_output(ids)`: a decoder's output ids cut before the first EOS,
+  pad and BOS dropped (`output_ids`), detokenized, the text valid UTF-8.
 """
 
 import contextlib
@@ -42,6 +54,20 @@ _SPECIAL_IDS = {
     name: getattr(TransformerConfig, name)
     for name in ("pad_id", "bos_id", "eos_id", "unk_id")
 }
+
+# The characters for which Python's `str.isspace()` is true (what `str.strip()`
+# removes), as an RE2 class: a sentence made of them only is blank. The
+# readers and prepared corpora drop such lines with `str.strip()`, and
+# `encode_source` gives them an empty row with this, in the graph.
+_WHITESPACE_CLASS = (r"[\t-\r\x{1c}-\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}"
+                     r"\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]")
+_REPLACEMENT_CHARACTER = 0xFFFD
+
+
+def _valid_utf8(text):
+    """`tf.string` -> the same with every invalid UTF-8 sequence replaced by U+FFFD."""
+    return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
+                                        replacement_char=_REPLACEMENT_CHARACTER)
 
 
 @contextlib.contextmanager
@@ -263,6 +289,102 @@ class Tokenizer(tf.Module):
             ids = ids if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids)
         ids = tf.cast(ids, tf.int32)
         return self._sentencepiece.detokenize(ids)
+
+    # --- the translation front end ---------------------------------------------
+
+    def encode_source(self, text, max_length=None):
+        """Source ids of a batch of sentences, as every translator feeds the model.
+
+        Each sentence is made valid UTF-8 (invalid bytes become U+FFFD, so any
+        input is answered, never rejected), split into SentencePiece pieces,
+        cut to its first `max_length - 1` pieces and terminated with EOS: at
+        most `max_length` ids, EOS included (longer sentences lose their end).
+        A blank sentence (empty, or only whitespace as Python's
+        `str.isspace` defines it, Unicode spaces included) gives an empty
+        row instead: callers answer it with `""` without decoding.
+
+        Graph ops only, so it runs eagerly, in `tf.data` and in an exported
+        SavedModel alike.
+
+        Args:
+            text: `(batch,)` sentences: a list of `str`/`bytes` or a
+                `tf.string` tensor.
+            max_length: ids kept per sentence, EOS included (at least 1);
+                `None` keeps every piece.
+
+        Returns:
+            An int32 `tf.RaggedTensor` `(batch, None)`.
+
+        Example:
+
+        >>> tokenizer.encode_source(["Hello world.", "  ", ""], max_length=64).to_list()
+        [[3145, 1203, 9, 2], [], []]
+        """
+        if max_length is not None and (not isinstance(max_length, int)
+                                       or isinstance(max_length, bool) or max_length < 1):
+            raise ValueError(f"max_length must be a positive integer or None, "
+                             f"received {max_length!r}")
+        text = tf.convert_to_tensor(text, tf.string)
+        if text.shape.rank != 1:
+            raise ValueError("encode_source expects a (batch,) vector of sentences, "
+                             f"received shape {text.shape}")
+        text = _valid_utf8(text)
+        pieces = self._sentencepiece.tokenize(text)  # (batch, None) ragged int32
+        if max_length is not None:
+            pieces = pieces[:, : max_length - 1]
+        eos = tf.fill(tf.stack([tf.shape(text, out_type=tf.int64)[0], 1]),
+                      tf.constant(self.eos_id, tf.int32))
+        ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
+        blank = tf.strings.regex_full_match(text, _WHITESPACE_CLASS + "*")
+        lengths = ids.row_lengths()
+        keep = tf.RaggedTensor.from_row_lengths(tf.repeat(~blank, lengths), lengths)
+        return tf.ragged.boolean_mask(ids, keep)
+
+    def output_ids(self, ids):
+        """The ids a translation keeps: those before the first EOS, without pad and BOS.
+
+        Args:
+            ids: `(batch, T)` int ids of a decoder's output (BOS, EOS and pad
+                wherever they are): a dense tensor or array, a
+                `tf.RaggedTensor` or nested lists.
+
+        Returns:
+            An int32 `tf.RaggedTensor` `(batch, None)`.
+        """
+        ids = tf.cast(self._dense_ids(ids), tf.int32)
+        ended = tf.cumsum(tf.cast(ids == self.eos_id, tf.int32), axis=1, exclusive=True) > 0
+        special = (ids == self.pad_id) | (ids == self.bos_id) | (ids == self.eos_id)
+        return tf.ragged.boolean_mask(ids, ~ended & ~special)
+
+    def decode_output(self, ids):
+        """The text of a batch of decoder outputs, as every translator answers.
+
+        `output_ids` (cut before the first EOS, pad and BOS dropped),
+        detokenized, and made valid UTF-8 (a sequence of byte-fallback
+        pieces that is not UTF-8 becomes U+FFFD). An output of no kept ids
+        is `""`.
+
+        Args:
+            ids: `(batch, T)` int ids, as for `output_ids`.
+
+        Returns:
+            A `(batch,)` `tf.string` tensor.
+
+        Example:
+
+        >>> tokenizer.decode_output([[1, 3145, 1203, 9, 2, 0], [2, 77, 0, 0, 0, 0]])
+        <tf.Tensor: shape=(2,), dtype=string, numpy=array([b'Hello world.', b''], dtype=object)>
+        """
+        return _valid_utf8(self._sentencepiece.detokenize(self.output_ids(ids)))
+
+    def _dense_ids(self, ids):
+        """A dense `(batch, T)` tensor of ids, pad-filled where rows are shorter."""
+        if isinstance(ids, list):
+            ids = tf.ragged.constant(ids, dtype=tf.int64, ragged_rank=1) if ids \
+                else tf.zeros([0, 0], tf.int64)
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.to_tensor(default_value=tf.cast(self.pad_id, ids.dtype))
+        return tf.convert_to_tensor(ids)
 
 
 def train_tokenizer(files, vocab_size, model_file, *, model_type="bpe",
