@@ -1,4 +1,4 @@
-"""The README's commands against the real command line (fast: no training, no Keras).
+"""The README's commands against the real command line, and its Python API block run.
 
 - every `--flag` the README passes to a command is an option of that
   sub-command (`keras-transformer <cmd>`, `python -m keras_transformer <cmd>`,
@@ -6,7 +6,8 @@
   evaluate), in fenced code blocks (continuation lines ending in `\\`
   included) and in inline code spans; so is every flag of the settings table;
 - no option of any sub-command is missing from the README;
-- the settings table between its markers is `settings.markdown_table()`.
+- the settings table between its markers is `settings.markdown_table()`;
+- the "Python API" block between its markers runs as it is (slow: it trains).
 
 `readme_problems(text)` returns the problems as sentences naming the flag
 and the command; the tests run it on the real README and on doctored copies.
@@ -216,3 +217,31 @@ def test_a_drifted_settings_table_is_reported(readme, options):
     assert len(problems) == 1 and "settings table differs" in problems[0], problems
     no_markers = readme.replace(TABLE_START, "")
     assert any("markers" in p for p in readme_problems(no_markers, options))
+
+
+@pytest.mark.slow
+def test_the_python_api_block_runs_as_it_is(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    text = README.read_text(encoding="utf-8")
+    start, end = "<!-- python-api:start -->", "<!-- python-api:end -->"
+    assert text.count(start) == text.count(end) == 1
+    block = text[text.index(start):text.index(end)]
+    code = re.search(r"```python\n(.*?)```", block, re.DOTALL).group(1)
+    # Under TensorFlow: the export runs there anyway (under JAX or PyTorch in a
+    # TensorFlow subprocess), and the rest is tested under every backend elsewhere.
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=900,
+                            env=subprocess_env(KERAS_BACKEND="tensorflow"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    translations, path = result.stdout.strip().splitlines()[-2:]
+    assert translations.startswith("['") and translations.endswith("']")
+    assert path == str(pathlib.Path("saved_models") / "my_model" / "1")
+    assert (tmp_path / path / "saved_model.pb").is_file()
+    assert (tmp_path / "runs" / "prepared" / "my_corpus_v1000" / "manifest.json").is_file()
+    # The loss fell: the fit trained (100 updates from ln V, about 6.9).
+    loss = [float(x) for x in re.findall(r"loss: ([0-9.]+)", result.stdout)]
+    assert loss and loss[-1] < 6.0, result.stdout[-2000:]
