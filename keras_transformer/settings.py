@@ -102,7 +102,8 @@ class Settings:
                                        "BOS/EOS included (preset default)")
     prepared_dir: Optional[str] = _field(
         None, "data", "where --data is prepared (vocabulary, token-id shards, manifest) "
-        "and reused; default <runs folder>/prepared/<corpus>_v<vocab-size>")
+        "and reused; default runs/prepared/<corpus>_v<vocab-size> in the working directory, "
+        "whatever --output-dir is (where `prepare` writes)")
     # [training]
     train_steps: Optional[int] = _field(None, "training", "optimizer updates in total; "
                                         "raise it to continue a finished run")
