@@ -11,7 +11,7 @@ CONFIG_FILE = "config.json"  # the model's TransformerConfig
 
 # Default folders (relative to the working directory).
 RUNS_ROOT = "runs"  # run folders: runs/<data>_<preset>
-PREPARED_ROOT = "runs/prepared"  # prepared corpora: where `prepare` and `train` look
+PREPARED_ROOT = f"{RUNS_ROOT}/prepared"  # prepared corpora: where `prepare` and `train` look
 EXPORT_ROOT = "saved_models"  # SavedModels (<root>/<name>/<version>) and CTranslate2 folders
 
 # The SavedModel's signatures: (batch,) strings named INPUT_NAME in.

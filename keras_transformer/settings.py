@@ -30,6 +30,7 @@ import tomllib
 from typing import Optional
 
 from keras_transformer import names
+from keras_transformer import names
 from keras_transformer.config import DecodingOptions, TransformerConfig
 
 SECTIONS = ("run", "data", "model", "training", "decoding", "export")
@@ -242,8 +243,9 @@ class Settings:
 
 
 def default_output_dir(data, preset):
+    """`runs/<corpus name>_<preset>` (`names.RUNS_ROOT`)."""
     name = data if data in ("wmt14", "demo") else str(data).rstrip("/").split("/")[-1]
-    return f"runs/{name}_{preset}"
+    return f"{names.RUNS_ROOT}/{name}_{preset}"
 
 
 def _flag(name):
