@@ -1,16 +1,31 @@
-"""Tests of examples/recipe_search.py: the ranking table read from run folders, and
-the `eval_split` setting the search relies on (a candidate never sees the test set)."""
+"""Tests of examples/recipe_search.py: the ranking table read from run folders, the
+training commands it builds from the candidate config files, and the `eval_split`
+setting the search relies on (a candidate never sees the test set).
+
+The config files (configs/multi30k_search/*.toml, configs/multi30k.toml) are read
+here with `tomllib` and compared with what the search and the settings make of
+them, so that a file misread fails; no value of theirs is copied here.
+"""
 
 import csv
 import json
 import pathlib
+import re
+import sys
+import tomllib
 
 import pytest
 from conftest import load_example
 
 from keras_transformer import settings as settings_lib
+from keras_transformer.commands import build_parser
+
+pytestmark = pytest.mark.backend_independent  # settings, CSV and JSON: no model runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SEARCH_CONFIGS = REPO / "configs" / "multi30k_search"
+FINAL_CONFIG = REPO / "configs" / "multi30k.toml"
+SEARCH_TABLE = REPO / "docs" / "multi30k_recipe_search.md"
 
 
 @pytest.fixture(scope="module")
@@ -75,27 +90,132 @@ def test_run_refuses_a_missing_config_before_training(search, tmp_path):
         search.run_candidates([tmp_path / "absent.toml"], tmp_path, 10)
 
 
-def test_candidate_configs_resolve_and_differ_only_as_they_say():
-    configs = sorted((REPO / "configs" / "multi30k_search").glob("*.toml"))
-    assert {c.stem for c in configs} >= {"small", "drop03"}
-    for config in configs:
-        resolved = settings_lib.resolve(config_file=str(config))
-        assert resolved.preset == "small"
-        assert resolved.eval_split == "test"  # the search passes --eval-split valid
+def _file_settings(path):
+    """`(job, model)` of a config file as `tomllib` reads it: `{name: value}` of its
+    job settings (all sections but [model]) and of its [model] section."""
+    document = tomllib.loads(pathlib.Path(path).read_text())
+    job = {name: value for section, values in document.items() if section != "model"
+           for name, value in values.items()}
+    return job, document.get("model", {})
+
+
+def _candidates():
+    configs = sorted(SEARCH_CONFIGS.glob("*.toml"))
+    assert len(configs) >= 2
+    return configs
+
+
+def _default_baseline(search, monkeypatch, tmp_path):
+    """The candidate `table` names the differences against when not told (its default)."""
+    seen = []
+    monkeypatch.setattr(search, "markdown_table",
+                        lambda rows, baseline=None: seen.append(baseline) or "")
+    search.main(["table", "--root", str(tmp_path)])
+    (baseline,) = seen
+    return baseline
+
+
+def test_run_trains_each_candidate_as_its_config_file_says_on_validation_only(
+        search, tmp_path, monkeypatch):
+    configs = _candidates()
+    commands = []
+    monkeypatch.setattr(search.subprocess, "call",
+                        lambda command: commands.append(command) or 0)
+    root = tmp_path / "search"
+    assert search.run_candidates(configs, root, 123) == 0
+    assert len(commands) == len(configs)
+    parser = build_parser()
+    for config, command in zip(configs, commands):
+        assert command[:4] == [sys.executable, "-m", "keras_transformer", "train"]
+        # The settings `train` resolves from this command line...
+        args = parser.parse_args(command[3:])
+        assert args.func.__module__ == "keras_transformer.commands.train"
+        resolved = settings_lib.resolve(*settings_lib.given_from_args(args)).to_dict()
+        # ...are the search's own (its budget, validation only, no export, one
+        # folder per candidate)...
+        by_search = {"train_steps": 123, "eval_split": "valid", "export_dir": "",
+                     "output_dir": str(root / config.stem)}
+        assert {name: resolved[name] for name in by_search} == by_search
+        # ...and the file's, nothing else: every other setting is the preset's default.
+        job, model = _file_settings(config)
+        assert {name: resolved[name] for name in job if name not in by_search} == {
+            name: value for name, value in job.items() if name not in by_search}
+        assert resolved["model"] == model
+        defaults = settings_lib.Settings(preset=resolved["preset"]).with_preset_defaults()
+        changed = {name for name, value in defaults.to_dict().items()
+                   if resolved[name] != value}
+        assert changed <= set(job) | set(by_search) | ({"model"} if model else set())
+
+
+def test_the_table_names_the_differences_the_config_files_have(search, tmp_path, monkeypatch):
+    """`differences` against the baseline = what the files differ in, read with tomllib;
+    and the committed table (docs/multi30k_recipe_search.md) says the same."""
+    baseline = SEARCH_CONFIGS / f"{_default_baseline(search, monkeypatch, tmp_path)}.toml"
+    assert baseline.is_file()
+    base_job, base_model = _file_settings(baseline)
+    base = settings_lib.resolve(config_file=str(baseline)).to_dict()
+    documented = {row["candidate"]: row["differs from the baseline"]
+                  for row in _table_rows()}
+    for config in _candidates():
+        job, model = _file_settings(config)
+        # The table hides these settings (the search sets them): no file may set one.
+        assert not set(job) & search._IGNORED, config
+        resolved = settings_lib.resolve(config_file=str(config)).to_dict()
+        # Candidates compare recipes: same preset, same corpus.
+        assert (resolved["preset"], resolved["data"]) == (base["preset"], base["data"])
+
+        def value(name, file, settings):  # as the file says, else as resolved
+            return file.get(name, settings[name])
+
+        expected = [f"{name}={value(name, job, resolved)}"
+                    for name in sorted(set(job) | set(base_job))
+                    if value(name, job, resolved) != value(name, base_job, base)]
+        expected += [f"{name}={model.get(name, '-')}"
+                     for name in sorted(set(model) | set(base_model))
+                     if model.get(name) != base_model.get(name)]
+        assert search.differences(resolved, base) == expected, config
+        if config.stem in documented:
+            assert documented[config.stem] == (", ".join(expected) or "(baseline)")
+    assert set(documented) <= {config.stem for config in _candidates()}
+
+
+def _table_rows():
+    """The rows of the committed ranking table, `{column header: cell}`, best first."""
+    lines = [line for line in SEARCH_TABLE.read_text().splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
+            for line in lines[2:]]
+    for row in rows:
+        row["candidate"] = row["candidate"].strip("`")
+    assert [row["rank"] for row in rows] == [str(i) for i in range(1, len(rows) + 1)]
+    return rows
 
 
 def test_the_multi30k_config_is_the_search_winner_with_its_validation_tuning():
-    """configs/multi30k.toml = the winning candidate + the budget and the tuned settings."""
-    final = settings_lib.resolve(config_file=str(REPO / "configs" / "multi30k.toml")).to_dict()
-    winner = settings_lib.resolve(
-        config_file=str(REPO / "configs" / "multi30k_search" / "small.toml")).to_dict()
-    chosen = dict(train_steps=3600, average_last=10, alpha=1.0, output_dir="runs/multi30k")
-    assert {k: final[k] for k in chosen} == chosen
-    assert final["eval_split"] == "test" and final["final_weights"] == "averaged"
-    rest = lambda d: {k: v for k, v in d.items() if k not in chosen}  # noqa: E731
-    assert rest(final) == rest(winner)
-    # The paper's presets stay the paper's: the recipe changes no model field.
-    assert final["model"] == {} and final["preset"] == "small"
+    """configs/multi30k.toml = the table's winner + its budget and the tuned settings."""
+    winner = _table_rows()[0]
+    winner_file = SEARCH_CONFIGS / f"{winner['candidate']}.toml"
+    final_job, final_model = _file_settings(FINAL_CONFIG)
+    winner_job, winner_model = _file_settings(winner_file)
+    final = settings_lib.resolve(config_file=str(FINAL_CONFIG)).to_dict()
+    chosen = settings_lib.resolve(config_file=str(winner_file)).to_dict()
+    # Each file is read as it is written...
+    assert {name: final[name] for name in final_job} == final_job
+    assert {name: chosen[name] for name in winner_job} == winner_job
+    # ...and they differ only where the files do: the winner's recipe (model,
+    # preset, corpus) is kept; the paper's presets stay the paper's.
+    differing = {name for name in final if final[name] != chosen[name]}
+    assert differing <= {name for name in set(final_job) | set(winner_job)
+                         if final_job.get(name) != winner_job.get(name)}
+    assert final_model == winner_model and final["model"] == final_model
+    # The budget is the one the winner was trained with in the search, and the
+    # weights are averaged over as many checkpoints as its scored weights.
+    assert final["train_steps"] == int(winner["updates"])
+    averaged = re.match(r"the average of (\d+) checkpoints", winner["scored weights"])
+    assert averaged and final["final_weights"] == "averaged"
+    assert final["average_last"] == int(averaged[1])
+    # The search scored on validation; the final config scores on the test set.
+    assert "eval_split" not in final_job and final["eval_split"] == "test"
 
 
 def test_eval_split_is_checked():
