@@ -65,6 +65,9 @@ def _weight_shapes(model):
     return {v.path: tuple(v.shape) for v in model.weights}
 
 
+# Shapes and parameter counts come from the layers' own code, the same under
+# every backend: the builds run under the first backend only.
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("overrides, heads_and_dims, expected_count", TABLE_3_ROWS)
 def test_table_3_rows_build_the_described_model(overrides, heads_and_dims, expected_count):
     import keras
@@ -127,6 +130,7 @@ def test_table_3_row_d_dropout_and_label_smoothing_reach_the_model():
         assert np.allclose(train, infer, atol=1e-6) == (dropout == 0.0)
 
 
+@pytest.mark.backend_independent
 def test_table_3_row_e_learned_positions_add_two_trainable_tables():
     """Row (E): each stack gets a trainable (max_length, d_model) position table.
 
