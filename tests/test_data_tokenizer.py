@@ -207,3 +207,152 @@ def test_survives_keras_set_random_seed(demo_tokenizer):
     keras.utils.set_random_seed(1)
     tf.random.set_seed(2)
     assert demo_tokenizer.tokenize(text).numpy().tolist() == before
+
+
+# --- the translation front end: encode_source and decode_output --------------------
+#
+# The reference is the sentencepiece Python library on the same model with the
+# rules written out in plain Python: Python's UTF-8 decoding with
+# errors="replace", `str.strip()` for blank lines, a list cut for truncation,
+# and a loop for the cut at EOS. One known difference between the two
+# SentencePiece builds: tf-text's detokenizer drops every leading space of a
+# text (see test_round_trip_of_unusual_text), the Python library's only the
+# dummy-prefix one; the reference strips them.
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def _reference_source(processor, text, max_length=None):
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if not text.strip():
+        return []
+    pieces = processor.EncodeAsIds(text)
+    if max_length is not None:
+        pieces = pieces[:max_length - 1]
+    return pieces + [EOS]
+
+
+def _reference_output(processor, row):
+    kept = []
+    for token in row:
+        if token == EOS:
+            break
+        if token not in (PAD, BOS):
+            kept.append(token)
+    return kept, processor.DecodeIds(kept).lstrip(" ")
+
+
+FRONT_END_TEXTS = [
+    "Anna hat am 5. Mai 2021 einundzwanzig Äpfel gekauft.",
+    "The train to Vienna leaves at 2:30 PM on Monday.",
+    "",  # blank lines: empty, ASCII and Unicode whitespace
+    " \t ",
+    "\u00a0\u3000\u2028\x1c\x85",
+    "  leading and trailing  ",
+    "Grüße aus Köln – 東京 🙂 \u00ad",
+    " ".join(["Hauptbahnhof"] * 40),  # far over any max_length below
+    b"caf\xe9 au lait",  # invalid UTF-8: replaced by U+FFFD
+    b"\xff\xfe\x00 The cat.",
+    b"\xe2\x82 truncated, \xf0\x9f\x99 and \xed\xa0\x80 surrogate",
+    b"\xc3",
+    "\u200b",  # not whitespace for str.isspace: not blank
+]
+
+
+@pytest.mark.parametrize("max_length", [None, 1, 2, 8, 64])
+def test_encode_source_equals_sentencepiece_python(demo_tokenizer, max_length):
+    processor = _processor(demo_tokenizer)
+    expected = [_reference_source(processor, t, max_length) for t in FRONT_END_TEXTS]
+    # Over-long: one sentence has more pieces than every max_length below.
+    assert max(len(_reference_source(processor, t)) for t in FRONT_END_TEXTS) > 64
+    ids = demo_tokenizer.encode_source(FRONT_END_TEXTS, max_length)
+    assert isinstance(ids, tf.RaggedTensor) and ids.dtype == tf.int32
+    assert ids.to_list() == expected
+    if max_length is not None:
+        assert max(ids.row_lengths().numpy()) == max_length
+    # A tf.string tensor, and the empty batch.
+    assert demo_tokenizer.encode_source(tf.constant(FRONT_END_TEXTS), max_length
+                                        ).to_list() == expected
+    assert demo_tokenizer.encode_source([], max_length).to_list() == []
+
+
+def test_blank_is_what_python_strip_removes(demo_tokenizer):
+    whitespace = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    assert len(whitespace) == 29
+    ids = demo_tokenizer.encode_source(whitespace + [c + "x" for c in whitespace], 16)
+    assert ids.row_lengths().numpy().tolist()[:29] == [0] * 29
+    assert all(length > 1 for length in ids.row_lengths().numpy()[29:])
+    # Characters just around the whitespace ranges are not blank.
+    near = ["\x08", "\x0e", "\x1b", "!", "\x84", "\x86", "\x9f", "\xa1", "\u1681",
+            "\u200b", "\u2027", "\u202a", "\u2030", "\u205e", "\u2060", "\u3001", "\ufeff"]
+    assert not any(c.isspace() for c in near)
+    assert all(demo_tokenizer.encode_source(near, 16).row_lengths().numpy() > 0)
+
+
+def test_encode_source_rejects_a_single_string_and_bad_lengths(demo_tokenizer):
+    with pytest.raises(ValueError, match="vector of sentences"):
+        demo_tokenizer.encode_source("Hallo.")
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="max_length"):
+            demo_tokenizer.encode_source(["Hallo."], bad)
+
+
+def _outputs(processor):
+    """Decoder outputs: EOS in the middle, pad and BOS anywhere, no EOS, empty."""
+    words = processor.EncodeAsIds("Der Hund biss den Mann am Montag um 9:05 Uhr.")
+    umlauts = processor.EncodeAsIds("Grüße aus Köln 東京 🙂")
+    spaces = processor.EncodeAsIds("   x\ty")  # leading spaces: dropped
+    return [
+        [BOS] + spaces + [EOS],
+        [BOS] + words + [EOS, PAD, PAD],
+        words[:3] + [EOS] + words[3:] + [EOS],  # only what precedes the first EOS
+        [BOS, PAD] + words[:2] + [BOS, PAD] + words[2:5],  # no EOS: all of it
+        [EOS] + words,  # nothing before EOS
+        [PAD] * 4,  # a blank sentence's row
+        umlauts + [EOS],
+        [4 + 0xE2, 4 + 0x82, EOS],  # byte pieces that are not UTF-8 -> U+FFFD
+        [4 + 0xC3, 4 + 0xA4, 4 + 0xFF, EOS],
+        [],
+    ]
+
+
+def test_decode_output_equals_sentencepiece_python(demo_tokenizer):
+    processor = _processor(demo_tokenizer)
+    rows = _outputs(processor)
+    expected_ids, expected_texts = zip(*[_reference_output(processor, r) for r in rows])
+    assert "\ufffd" in expected_texts[7] and expected_texts[4] == expected_texts[5] == ""
+    assert expected_texts[0] == "x\ty"
+    width = max(map(len, rows))
+    dense = np.zeros((len(rows), width), np.int32)  # pad-filled, as a search returns
+    for i, row in enumerate(rows):
+        dense[i, :len(row)] = row
+    for ids in (rows, dense, dense.astype(np.int64), tf.constant(dense),
+                tf.ragged.constant(rows, dtype=tf.int32)):
+        assert demo_tokenizer.output_ids(ids).to_list() == list(expected_ids)
+        texts = demo_tokenizer.decode_output(ids)
+        assert texts.dtype == tf.string and texts.shape == (len(rows),)
+        assert [t.decode("utf-8") for t in texts.numpy()] == list(expected_texts)
+    assert demo_tokenizer.decode_output(np.zeros((0, 5), np.int32)).shape == (0,)
+    assert demo_tokenizer.decode_output(np.zeros((2, 0), np.int32)).numpy().tolist() == \
+        [b"", b""]
+
+
+def test_front_end_round_trip_and_graph_functions(demo_tokenizer):
+    texts = [t for t in FRONT_END_TEXTS if isinstance(t, str)]
+    expected = demo_tokenizer.encode_source(texts, 12).to_list()
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def round_trip(text):
+        ids = demo_tokenizer.encode_source(text, 12)
+        return ids.to_tensor(), demo_tokenizer.decode_output(ids.to_tensor())
+
+    ids, decoded = round_trip(tf.constant(texts))
+    assert [[i for i in row if i] for row in ids.numpy().tolist()] == expected
+    processor = _processor(demo_tokenizer)
+    assert [t.decode() for t in decoded.numpy()] == [
+        processor.DecodeIds(row[:-1]).lstrip(" ") for row in expected]
+    # In tf.data, batched.
+    dataset = tf.data.Dataset.from_tensor_slices(texts).batch(4).map(
+        lambda text: demo_tokenizer.encode_source(text, 12))
+    assert [row for batch in dataset for row in batch.to_list()] == expected

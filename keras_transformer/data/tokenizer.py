@@ -37,6 +37,7 @@ that every way of translating calls (`Translator`, the exported SavedModel,
 import contextlib
 import hashlib
 import io
+import numbers
 import os
 import sys
 import pathlib
@@ -320,7 +321,7 @@ class Tokenizer(tf.Module):
         >>> tokenizer.encode_source(["Hello world.", "  ", ""], max_length=64).to_list()
         [[3145, 1203, 9, 2], [], []]
         """
-        if max_length is not None and (not isinstance(max_length, int)
+        if max_length is not None and (not isinstance(max_length, numbers.Integral)
                                        or isinstance(max_length, bool) or max_length < 1):
             raise ValueError(f"max_length must be a positive integer or None, "
                              f"received {max_length!r}")
@@ -331,7 +332,7 @@ class Tokenizer(tf.Module):
         text = _valid_utf8(text)
         pieces = self._sentencepiece.tokenize(text)  # (batch, None) ragged int32
         if max_length is not None:
-            pieces = pieces[:, : max_length - 1]
+            pieces = pieces[:, : int(max_length) - 1]
         eos = tf.fill(tf.stack([tf.shape(text, out_type=tf.int64)[0], 1]),
                       tf.constant(self.eos_id, tf.int32))
         ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
@@ -360,9 +361,9 @@ class Tokenizer(tf.Module):
         """The text of a batch of decoder outputs, as every translator answers.
 
         `output_ids` (cut before the first EOS, pad and BOS dropped),
-        detokenized, and made valid UTF-8 (a sequence of byte-fallback
-        pieces that is not UTF-8 becomes U+FFFD). An output of no kept ids
-        is `""`.
+        detokenized (tf-text's SentencePiece drops leading spaces), and made
+        valid UTF-8 (a sequence of byte-fallback pieces that is not UTF-8
+        becomes U+FFFD). An output of no kept ids is `""`.
 
         Args:
             ids: `(batch, T)` int ids, as for `output_ids`.
