@@ -2,10 +2,12 @@
 
 TF Serving (`tensorflow_model_server`) runs no Python, so the whole
 translation is one TensorFlow graph made of core ops and TensorFlow Text's
-SentencePiece ops (which the model server links): sanitise the UTF-8 ->
-tokenize -> truncate and append EOS -> sort by length -> cached beam search
-(or greedy decoding) in chunks of similar length -> cut at EOS -> detokenize. The
-SavedModel has two signatures, both `text` (`tf.string`, `(batch,)`) ->
+SentencePiece ops (which the model server links): source ids
+(`Tokenizer.encode_source`: sanitise the UTF-8 -> tokenize -> truncate and
+append EOS) -> sort by length -> cached beam search (or greedy decoding) in
+chunks of similar length -> text (`Tokenizer.decode_output`: cut at EOS ->
+detokenize). The front end is `Translator`'s: the same two graph functions of
+the tokenizer, traced into the signatures. The SavedModel has two signatures, both `text` (`tf.string`, `(batch,)`) ->
 `translation` (`tf.string`, `(batch,)`) and `score` (`float32`, `(batch,)`):
 
 - `serving_default`: beam search (the paper's beam 4, alpha 0.6 by default);
@@ -20,7 +22,7 @@ It is written in TF Serving's layout `<base>/<model_name>/<version>/`
 folder first and renamed into place, so a model server watching `<base>`
 never loads a half-written version.
 
-Input handling, in the graph:
+Input handling, in the graph (`Tokenizer.encode_source` and `decode_output`):
 
 - Bytes that are not valid UTF-8 are replaced by U+FFFD before tokenizing
   (`tf.strings.unicode_transcode(..., errors="replace")`); the request is
@@ -28,8 +30,9 @@ Input handling, in the graph:
 - A sentence is truncated to `max_source_length` ids, EOS included (default
   `config.max_length`, as `Translator` does): longer inputs lose their end
   and are still answered, in the time of a `max_source_length`-id sentence.
-- An empty or all-whitespace sentence translates to `""` with score 0
-  without decoding; a batch of zero sentences gives zero outputs.
+- An empty or all-whitespace sentence (whitespace as Python's `str.isspace`
+  defines it, as for `Translator`) translates to `""` with score 0 without
+  decoding; a batch of zero sentences gives zero outputs.
 
 Shapes: each signature holds one traced search, with a dynamic batch size
 and source width (`keras_transformer.decoding` reads sizes with `ops.shape`;
@@ -207,20 +210,16 @@ class TranslationModule(tf.Module):
     # --- pieces of the graph ---------------------------------------------------
 
     def _encode(self, text):
-        """Strings -> (clean strings, int32 (batch, max_source_length) ids, lengths, nonblank)."""
-        config = self._config
-        clean = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
-                                             replacement_char=0xFFFD)
-        nonblank = tf.strings.length(tf.strings.strip(clean)) > 0
-        pieces = self.tokenizer.tokenize(clean)  # ragged (batch, None)
-        pieces = pieces[:, : self._max_source_length - 1]
-        eos = tf.fill([tf.shape(text)[0], 1], tf.constant(config.eos_id, tf.int32))
-        ids = tf.concat([tf.cast(pieces, tf.int32), tf.RaggedTensor.from_tensor(eos)], axis=1)
-        ids = ids.to_tensor(default_value=config.pad_id,
+        """Strings -> int32 `(batch, max_source_length)` ids (pad-filled) and their lengths.
+
+        `Tokenizer.encode_source`, as `Translator` encodes: a blank sentence
+        has length 0.
+        """
+        ids = self.tokenizer.encode_source(text, self._max_source_length)
+        lengths = tf.cast(ids.row_lengths(), tf.int32)
+        ids = ids.to_tensor(default_value=self._config.pad_id,
                             shape=[None, self._max_source_length])
-        ids = tf.where(nonblank[:, None], ids, config.pad_id)
-        lengths = tf.reduce_sum(tf.cast(ids != config.pad_id, tf.int32), axis=1)
-        return clean, ids, lengths, nonblank
+        return ids, lengths
 
     def _search(self, source_ids, beam_size):
         """int32 (b, w) ids, both sizes dynamic -> (b, output width) tokens, (b,) scores."""
@@ -236,7 +235,7 @@ class TranslationModule(tf.Module):
     def _translate(self, text, beam_size):
         config = self._config
         text = tf.convert_to_tensor(text, tf.string)
-        clean, ids, lengths, nonblank = self._encode(text)
+        ids, lengths = self._encode(text)
         count = tf.shape(text)[0]
         # Longest first (stable), as Translator does: chunks of similar length.
         # Blank rows (length 0) come last and are not decoded.
@@ -265,18 +264,9 @@ class TranslationModule(tf.Module):
         inverse = tf.math.invert_permutation(order)
         tokens, scores = tf.gather(tokens, inverse), tf.gather(scores, inverse)
 
-        # Keep the ids before the first EOS, without pad/BOS.
-        after_eos = tf.cumsum(tf.cast(tokens == config.eos_id, tf.int32), axis=1,
-                              exclusive=True) > 0
-        special = (tokens == config.pad_id) | (tokens == config.bos_id) | (
-            tokens == config.eos_id)
-        kept = tf.ragged.boolean_mask(tokens, ~after_eos & ~special)
-        translation = self.tokenizer.detokenize(kept)
-        translation = tf.strings.unicode_transcode(translation, "UTF-8", "UTF-8",
-                                                   errors="replace",
-                                                   replacement_char=0xFFFD)
-        translation = tf.where(nonblank, translation, "")
-        scores = tf.where(nonblank, scores, 0.0)
+        # As Translator answers: cut at EOS, pad/BOS dropped, detokenized, valid
+        # UTF-8 (a blank sentence's all-pad row gives "").
+        translation = self.tokenizer.decode_output(tokens)
         return {"translation": tf.ensure_shape(translation, [None]),
                 "score": tf.ensure_shape(tf.cast(scores, tf.float32), [None])}
 

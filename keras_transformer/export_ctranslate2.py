@@ -33,15 +33,22 @@ How our model maps onto CTranslate2's Transformer:
 - Tokens: the vocabulary is the SentencePiece pieces in id order, so
   CTranslate2's ids are ours; `bos_token`, `eos_token`, `unk_token` and the
   `decoder_start_token` are the pieces of our BOS, EOS and UNK ids, and
-  `add_source_eos=True` appends EOS to the source as `Translator.encode`
-  does (no BOS).
+  `add_source_eos=True` appends EOS to the source as
+  `Tokenizer.encode_source` does (no BOS).
 
-`CTranslate2Translator` runs an exported folder: SentencePiece pieces in
-(truncated to `max_length - 1` so that with EOS the source has at most
-`max_length` ids, as `Translator.encode` keeps), pieces out (cut at EOS,
-without pad/BOS, per-sentence length limit `source ids + max_extra_length`),
-detokenized by SentencePiece. It imports neither Keras nor TensorFlow, so
-a benchmark can time it in a process of its own.
+`CTranslate2Translator` runs an exported folder with the front end of
+`Translator` and the SavedModel, the graph functions of the folder's
+`Tokenizer` (`spm.model`): source ids by `Tokenizer.encode_source` (invalid
+UTF-8 replaced, pieces truncated to `max_length - 1`, so that with EOS the
+source has at most `max_length` ids; blank sentences answered `""`), given
+to CTranslate2 as pieces without the EOS (it appends its own), and output
+ids cut at the sentence's length limit (`source ids + max_extra_length`),
+then made text by `Tokenizer.decode_output` (cut at EOS, pad and BOS
+dropped, detokenized). It needs `ctranslate2`, TensorFlow and TensorFlow Text
+(the tokenizer's ops), and none of the package's Keras code (model, layers,
+decoding): a benchmark can time it in a process of its own. (TensorFlow 2.16
+and later imports the `keras` package when it is imported; this module never
+uses it.)
 
 Decoding differences with `keras_transformer.decoding` at the same beam size:
 
@@ -471,14 +478,17 @@ def export_ctranslate2_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=
 class CTranslate2Translator:
     """Translates with an exported CTranslate2 folder, as `Translator` does.
 
-    Sentences are split into SentencePiece pieces with the folder's
-    `spm.model`, truncated to `max_length - 1` pieces (CTranslate2 appends
-    EOS), translated, cut at EOS (pad and BOS dropped) and at the sentence's
-    length limit (its source ids, EOS included, plus `max_extra_length`), and
-    detokenized. Empty or all-whitespace sentences translate to `""`.
+    Sentences become source ids with the folder's tokenizer
+    (`Tokenizer.encode_source` at the model's `max_length`: invalid UTF-8
+    replaced, at most `max_length - 1` pieces, then EOS, which CTranslate2
+    appends itself), are translated, cut at the sentence's length limit (its
+    source ids, EOS included, plus `max_extra_length`) and made text by
+    `Tokenizer.decode_output` (cut at EOS, pad and BOS dropped, detokenized):
+    the front end of `Translator` and of the SavedModel. Blank (empty or
+    all-whitespace) sentences translate to `""` without decoding.
 
-    Needs only `ctranslate2`, `sentencepiece` and NumPy (no Keras, no
-    TensorFlow).
+    Needs `ctranslate2`, TensorFlow and TensorFlow Text (the tokenizer's
+    graph ops), not the package's Keras model code.
 
     Args:
         model_dir: a folder written by `export_ctranslate2`.
@@ -500,7 +510,7 @@ class CTranslate2Translator:
     def __init__(self, model_dir, *, device="cpu", compute_type="default", intra_threads=0,
                  inter_threads=1, batch_size=32,
                  max_extra_length=_DECODING.max_extra_length):
-        import sentencepiece
+        from keras_transformer.data.tokenizer import Tokenizer
 
         ctranslate2 = _ctranslate2()
         model_dir = pathlib.Path(model_dir)
@@ -514,8 +524,7 @@ class CTranslate2Translator:
         self.config = info["config"]
         self.batch_size = batch_size
         self.max_extra_length = max_extra_length
-        self.processor = sentencepiece.SentencePieceProcessor()
-        self.processor.Load(str(model_dir / info.get("tokenizer", TOKENIZER_FILE)))
+        self.tokenizer = Tokenizer.load(model_dir / info.get("tokenizer", TOKENIZER_FILE))
         self.translator = ctranslate2.Translator(
             str(model_dir), device=device, compute_type=compute_type,
             intra_threads=intra_threads, inter_threads=inter_threads)
@@ -525,26 +534,34 @@ class CTranslate2Translator:
         # Output pieces -> ids by CTranslate2's own vocabulary (ids are ours by construction).
         self._target_ids = {piece: i for i, piece in
                             enumerate(json.loads(vocabulary.read_text(encoding="utf-8")))}
-        self._special = {self.config["pad_id"], self.config["bos_id"]}
         # The longest output the position table allows (learned tables have max_length rows).
         self._max_positions = int(info.get("position_table_rows", self.config["max_length"]))
 
     # --- pieces and ids ----------------------------------------------------------
 
     def id_to_piece(self, token_id):
-        return self.processor.IdToPiece(int(token_id))
+        return self.tokenizer.id_to_token(int(token_id))
 
     def _pieces(self, ids):
-        return [self.processor.IdToPiece(int(i)) for i in ids]
+        return [self.tokenizer.id_to_token(int(i)) for i in ids]
 
     def _ids(self, pieces):
         return [self._target_ids[p] for p in pieces]
 
     def encode(self, sentences):
-        """Source ids of each sentence, EOS-terminated and truncated as `Translator.encode`."""
-        keep = self.config["max_length"] - 1
-        return [list(self.processor.EncodeAsIds(s))[:keep] + [self.config["eos_id"]]
-                for s in sentences]
+        """Source ids of each sentence (`Tokenizer.encode_source` at the model's `max_length`).
+
+        Args:
+            sentences: a list of `str` or `bytes`.
+
+        Returns:
+            A list of int lists: pieces, truncated, then EOS; `[]` for a blank
+            sentence.
+        """
+        if not sentences:
+            return []
+        return self.tokenizer.encode_source(list(sentences), self.config["max_length"]
+                                            ).to_list()
 
     def _source_pieces(self, source_ids):
         eos = self.config["eos_id"]
@@ -573,8 +590,13 @@ class CTranslate2Translator:
 
         Returns:
             A list of int lists: the output ids up to (not including) EOS,
-            pad and BOS dropped.
+            pad and BOS dropped (`Tokenizer.output_ids`).
         """
+        return self.tokenizer.output_ids(
+            self._translate_rows(source_ids, beam_size, alpha, length_penalty)).to_list()
+
+    def _translate_rows(self, source_ids, beam_size, alpha, length_penalty):
+        """Each sentence's best output ids, EOS and all, cut at its length limit."""
         if not source_ids:
             return []
         limits = [min(len(ids) + self.max_extra_length, self._max_positions)
@@ -587,7 +609,6 @@ class CTranslate2Translator:
             max_input_length=0, max_decoding_length=max(limits), min_decoding_length=0,
             return_end_token=True)
         outputs = []
-        eos = self.config["eos_id"]
         for result, limit in zip(results, limits):
             best = result.hypotheses[0]
             if rerank:
@@ -595,14 +616,7 @@ class CTranslate2Translator:
                 gnmt = [score / gnmt_length_penalty(len(hypothesis), alpha)
                         for hypothesis, score in zip(result.hypotheses, result.scores)]
                 best = result.hypotheses[int(np.argmax(gnmt))]
-            ids = self._ids(best)[:limit]
-            kept = []
-            for token in ids:
-                if token == eos:
-                    break
-                if token not in self._special:
-                    kept.append(token)
-            outputs.append(kept)
+            outputs.append(self._ids(best)[:limit])
         return outputs
 
     def translate(self, sentences, *, beam_size=_DECODING.beam_size, alpha=_DECODING.alpha,
@@ -611,15 +625,13 @@ class CTranslate2Translator:
         if isinstance(sentences, (str, bytes)):
             raise TypeError("translate expects a list of strings; wrap one sentence in a "
                             "list: translate([sentence])")
-        sentences = [s.decode("utf-8") if isinstance(s, bytes) else str(s)
-                     for s in sentences]
-        todo = [i for i, s in enumerate(sentences) if s.strip()]
-        outputs = self.translate_ids(self.encode([sentences[i] for i in todo]),
-                                     beam_size=beam_size, alpha=alpha,
-                                     length_penalty=length_penalty)
-        translations = [""] * len(sentences)
-        for i, ids in zip(todo, outputs):
-            translations[i] = self.processor.DecodeIds(ids)
+        source_ids = self.encode([s if isinstance(s, bytes) else str(s) for s in sentences])
+        todo = [i for i, ids in enumerate(source_ids) if ids]  # blank: no ids, ""
+        rows = self._translate_rows([source_ids[i] for i in todo], beam_size, alpha,
+                                    length_penalty)
+        translations = [""] * len(source_ids)
+        for i, text in zip(todo, self.tokenizer.decode_output(rows).numpy()):
+            translations[i] = text.decode("utf-8")
         return translations
 
     def score_ids(self, source_ids, target_ids):

@@ -1,8 +1,9 @@
 """Translating text with a trained model.
 
-`Translator` turns sentences into translations: tokenize, append EOS,
-length-sorted batches, beam search (`keras_transformer.decoding`),
-detokenize, original order. Scoring them is `keras_transformer.evaluation`.
+`Translator` turns sentences into translations: source ids
+(`Tokenizer.encode_source`), length-sorted batches, beam search
+(`keras_transformer.decoding`), text (`Tokenizer.decode_output`), original
+order. Scoring them is `keras_transformer.evaluation`.
 """
 
 import math
@@ -14,24 +15,9 @@ from keras import ops
 from keras_transformer.decoding import DecodingOptions, decode
 
 
-def _to_id_lists(ids):
-    """Tokenizer output (ragged tensor, dense tensor or lists) -> list of int lists."""
-    if hasattr(ids, "to_list"):  # tf.RaggedTensor
-        ids = ids.to_list()
-    elif hasattr(ids, "numpy"):
-        ids = ids.numpy().tolist()
-    elif isinstance(ids, np.ndarray):
-        ids = ids.tolist()
-    return [[int(i) for i in row] for row in ids]
-
-
 def _to_strings(texts):
-    """Detokenizer output (tf.string tensor, bytes or str) -> list of str."""
-    if hasattr(texts, "numpy"):
-        texts = texts.numpy()
-    if isinstance(texts, (bytes, str)):
-        texts = [texts]
-    return [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in texts]
+    """`decode_output`'s `(batch,)` `tf.string` tensor -> list of str (valid UTF-8)."""
+    return [t.decode("utf-8") for t in texts.numpy()]
 
 
 def _round_up(value, multiple):
@@ -41,12 +27,16 @@ def _round_up(value, multiple):
 class Translator:
     """Translates lists of sentences with a `Transformer` and a subword tokenizer.
 
-    Sentences are tokenized, terminated with EOS and truncated to the
-    model's `config.max_length` ids (EOS included: longer sentences lose
-    their end), sorted by length and decoded in batches of `batch_size`
-    with beam search (or greedy decoding for `beam_size=1`); the outputs
-    are cut at EOS, detokenized and returned in the input order. Empty (or
-    all-whitespace) sentences translate to `""` without decoding.
+    Sentences become source ids with the tokenizer's `encode_source`
+    (invalid UTF-8 replaced, pieces, truncated to the model's
+    `config.max_length` ids with EOS: longer sentences lose their end), are
+    sorted by length and decoded in batches of `batch_size` with beam search
+    (or greedy decoding for `beam_size=1`); the outputs become text with
+    `decode_output` (cut at EOS, pad and BOS dropped, detokenized) and are
+    returned in the input order. Blank (empty or all-whitespace) sentences,
+    which `encode_source` gives no ids, translate to `""` without decoding.
+    The exported SavedModel and `CTranslate2Translator` call the same two
+    functions.
 
     Under TensorFlow and JAX the search is compiled once per batch shape:
     the source width is padded up to a multiple of `length_multiple` and a
@@ -55,11 +45,8 @@ class Translator:
 
     Args:
         model: a `keras_transformer.Transformer`.
-        tokenizer: a `keras_transformer.data.Tokenizer`, or any object with
-            `tokenize(list_of_str)` (ragged or list ids, no BOS/EOS),
-            `detokenize(list_of_id_lists)` and the `pad_id`, `bos_id`,
-            `eos_id` of the model's config; `id_to_token(id)` is used, when
-            present, to label attention plots.
+        tokenizer: a `keras_transformer.data.Tokenizer` (its special ids
+            must be the model's config's, its vocabulary no larger).
         options: the default `DecodingOptions` of `translate` (beam size,
             alpha, length limit); default the paper's (beam 4, alpha 0.6,
             source length + 50).
@@ -79,25 +66,31 @@ class Translator:
 
     def __init__(self, model, tokenizer, options=None, *, batch_size=32,
                  max_extra_length=None, length_multiple=8, jit_compile=None):
+        from keras_transformer.data.tokenizer import Tokenizer
+
         config = getattr(model, "config", None)
         if config is None:
             raise TypeError(
                 "model must be a keras_transformer.Transformer, received "
                 f"{type(model).__name__}"
             )
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(
+                "tokenizer must be a keras_transformer.data.Tokenizer, received "
+                f"{type(tokenizer).__name__}"
+            )
         for name in ("pad_id", "bos_id", "eos_id"):
-            if hasattr(tokenizer, name) and getattr(tokenizer, name) != getattr(config, name):
+            if getattr(tokenizer, name) != getattr(config, name):
                 raise ValueError(
                     f"tokenizer.{name}={getattr(tokenizer, name)} differs from the "
                     f"model's config.{name}={getattr(config, name)}"
                 )
-        if hasattr(tokenizer, "vocabulary_size"):
-            size = int(tokenizer.vocabulary_size())
-            if size > config.vocab_size:
-                raise ValueError(
-                    f"tokenizer has {size} ids but the model's vocabulary has "
-                    f"only {config.vocab_size}"
-                )
+        size = int(tokenizer.vocabulary_size())
+        if size > config.vocab_size:
+            raise ValueError(
+                f"tokenizer has {size} ids but the model's vocabulary has "
+                f"only {config.vocab_size}"
+            )
         for name, value in (("batch_size", batch_size),
                             ("length_multiple", length_multiple)):
             if not isinstance(value, int) or value < 1:
@@ -118,25 +111,19 @@ class Translator:
     # --- encoding and decoding ids ---------------------------------------------
 
     def encode(self, sentences):
-        """Source ids of each sentence: subword ids, truncated, then EOS."""
-        config = self.model.config
+        """Source ids of each sentence (`Tokenizer.encode_source` at `config.max_length`).
+
+        Args:
+            sentences: a list of `str` or `bytes`.
+
+        Returns:
+            A list of int lists: pieces, truncated, then EOS; `[]` for a blank
+            sentence.
+        """
         if not sentences:
             return []
-        ids = _to_id_lists(self.tokenizer.tokenize(list(sentences)))
-        keep = config.max_length - 1
-        return [row[:keep] + [config.eos_id] for row in ids]
-
-    def _strip(self, row):
-        """Output ids up to (not including) EOS, without pad/BOS."""
-        config = self.model.config
-        out = []
-        for token in row:
-            token = int(token)
-            if token == config.eos_id:
-                break
-            if token not in (config.pad_id, config.bos_id):
-                out.append(token)
-        return out
+        return self.tokenizer.encode_source(list(sentences), self.model.config.max_length
+                                            ).to_list()
 
     def _batch_array(self, rows):
         width = _round_up(max(len(r) for r in rows), self.length_multiple)
@@ -250,13 +237,13 @@ class Translator:
             raise TypeError(f"{caller} expects a list of strings; wrap one sentence "
                             f"in a list: {caller}([sentence])")
         options = self._options(beam_size, alpha)
-        sentences = [s.decode("utf-8") if isinstance(s, bytes) else str(s)
-                     for s in sentences]
+        sentences = [s if isinstance(s, bytes) else str(s) for s in sentences]
         translations = [""] * len(sentences)
         scores = [0.0] * len(sentences)
         attentions = [None] * len(sentences)
-        todo = [i for i, s in enumerate(sentences) if s.strip()]
-        source_ids = dict(zip(todo, self.encode([sentences[i] for i in todo])))
+        # Blank sentences get no ids, and no decoding.
+        source_ids = dict(enumerate(self.encode(sentences)))
+        todo = [i for i in range(len(sentences)) if source_ids[i]]
         # Longest first: the largest shape compiles first and memory peaks early.
         order = sorted(todo, key=lambda i: len(source_ids[i]), reverse=True)
         bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
@@ -266,13 +253,14 @@ class Translator:
             batch = order[start:start + self.batch_size]
             source = self._batch_array([source_ids[i] for i in batch])
             tokens, batch_scores = self._decode(source, options)
+            tokens = tokens[: len(batch)]
             for row, i in enumerate(batch):
                 scores[i] = float(batch_scores[row])
-            outputs = [self._strip(tokens[row]) for row in range(len(batch))]
-            texts = _to_strings(self.tokenizer.detokenize(outputs))
+            texts = _to_strings(self.tokenizer.decode_output(tokens))
             for i, text in zip(batch, texts):
                 translations[i] = text
             if return_attention:
+                outputs = self.tokenizer.output_ids(tokens).to_list()
                 ended = [tokens[row].tolist().count(self.model.config.eos_id) > 0
                          for row in range(len(batch))]
                 targets = [out + [self.model.config.eos_id] if end else out
@@ -335,6 +323,4 @@ class Translator:
         return records
 
     def _piece(self, token_id):
-        if hasattr(self.tokenizer, "id_to_token"):
-            return str(self.tokenizer.id_to_token(int(token_id)))
-        return str(int(token_id))
+        return str(self.tokenizer.id_to_token(int(token_id)))

@@ -23,6 +23,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import sentencepiece
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # the test extra installs it
 
@@ -154,8 +155,12 @@ def test_greedy_tokens_and_translations_equal_ours(corpus, tmp_path):
         batch[row, :len(ids)] = ids
     tokens = keras.ops.convert_to_numpy(
         greedy_decode(model, batch, max_extra_length=MAX_EXTRA_LENGTH))
-    ours = [translator._strip(row) for row in tokens]
     eos = model.config.eos_id
+    # Our output ids: before the first EOS, pad and BOS dropped (plain Python).
+    ours = []
+    for row in tokens.tolist():
+        row = row[:row.index(eos)] if eos in row else row
+        ours.append([t for t in row if t not in (model.config.pad_id, model.config.bos_id)])
     ended = [eos in row for row in tokens.tolist()]
     assert 0 < sum(ended) < len(ended)  # both ways of ending are exercised
 
@@ -171,7 +176,11 @@ def test_greedy_tokens_and_translations_equal_ours(corpus, tmp_path):
 
     path = export_ctranslate2(model, tokenizer, tmp_path / "ct2")
     ct2 = CTranslate2Translator(path, intra_threads=1, max_extra_length=MAX_EXTRA_LENGTH)
-    assert ct2.encode(sources) == source_ids
+    # Source ids: the sentencepiece library's pieces, cut to max_length - 1, then EOS.
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_proto)
+    keep = model.config.max_length - 1
+    assert ct2.encode(sources) == source_ids == [
+        processor.EncodeAsIds(s)[:keep] + [eos] for s in sources]
     assert ct2.translate_ids(source_ids, beam_size=1) == ours
     assert ct2.translate(sources + ["  "], beam_size=1) == translator.translate(
         sources, beam_size=1) + [""]
@@ -334,6 +343,37 @@ def test_other_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, monkeypa
     assert capsys.readouterr().err.strip() == (
         "keras-transformer export: error: CTranslate2 export needs the ctranslate2 package: "
         "pip install ctranslate2 (or pip install 'keras-transformer[ctranslate2]')")
+
+
+@pytest.mark.backend_independent
+def test_translator_uses_no_keras_code_of_the_package(run_dir, tmp_path):
+    """CTranslate2Translator in a fresh process: TensorFlow for the tokenizer, no model code.
+
+    TensorFlow imports the `keras` package itself when it is imported, so
+    that cannot be asserted; none of the package's Keras modules is loaded.
+    """
+    assert _export("--run", run_dir, "--export-dir", tmp_path, "--model-name", "m", "-q") == 0
+    code = (
+        "import sys, json\n"
+        "from keras_transformer.export_ctranslate2 import CTranslate2Translator\n"
+        "light = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('keras', 'tensorflow', 'keras_transformer'))\n"
+        "translator = CTranslate2Translator(sys.argv[1], intra_threads=1)\n"
+        "out = translator.translate(['Hello world.', '', b'caf\\xe9'], beam_size=2)\n"
+        "print(json.dumps({'light': light, 'out': out, 'modules': sorted(\n"
+        "    m for m in sys.modules if m.startswith('keras_transformer'))}))\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m-ct2")],
+                            capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    # Importing the module loads neither TensorFlow nor Keras ...
+    assert not any(m.split(".")[0] in ("keras", "tensorflow") for m in found["light"])
+    # ... and translating loads the tokenizer, not the model, layers or decoding.
+    assert "keras_transformer.data.tokenizer" in found["modules"]
+    assert not {"keras_transformer.model", "keras_transformer.decoding",
+                "keras_transformer.layers", "keras_transformer.translate",
+                "keras_transformer.runs"} & set(found["modules"])
+    assert len(found["out"]) == 3 and found["out"][1] == ""
 
 
 # --- the comparison script -------------------------------------------------------------

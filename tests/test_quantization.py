@@ -16,6 +16,7 @@ from keras_transformer.config import DecodingOptions
 from keras_transformer.layers import SharedEmbedding
 from keras_transformer.model import build_model, quantized
 from keras_transformer.translate import Translator
+from word_tokenizer import word_tokenizer, words
 
 
 def _absmax_int8(x, axis):
@@ -95,16 +96,6 @@ def test_int8_log_probabilities_stay_close_to_float32():
     assert difference.max() > 0  # the weights really changed
 
 
-class _IdTokenizer:
-    pad_id, bos_id, eos_id = 0, 1, 2
-
-    def tokenize(self, sentences):
-        return [[int(t) for t in s.split()] for s in sentences]
-
-    def detokenize(self, ids):
-        return [" ".join(str(i) for i in row) for row in ids]
-
-
 def test_translator_scores_with_a_quantized_model_are_its_teacher_forced_scores():
     """The cached int8 search against the int8 model's own full (uncached) pass."""
     model = _model()
@@ -117,13 +108,16 @@ def test_translator_scores_with_a_quantized_model_are_its_teacher_forced_scores(
     alpha, extra = 0.6, 5
     # min_length 1: a random model may pick EOS first; the outputs are then non-empty.
     options = DecodingOptions(beam_size=2, alpha=alpha, max_extra_length=extra, min_length=1)
-    translator = Translator(model8, _IdTokenizer(), options, batch_size=2)
-    sources = ["5 6 7", "8 9", ""]
+    # A word tokenizer of the model's 200 ids: every output id is a word of
+    # the text, read back by the sentencepiece library (`<unk>` as well).
+    tokenizer, processor = word_tokenizer(words(model.config.vocab_size - 4))
+    translator = Translator(model8, tokenizer, options, batch_size=2)
+    sources = ["w5 w6 w7", "w8 w9", ""]
     texts, scores = translator.translate_with_scores(sources)
     assert texts[2] == "" and scores[2] == 0.0
     for source, text, score in zip(sources[:2], texts[:2], scores[:2]):
-        source_ids = [int(t) for t in source.split()] + [2]
-        output = [int(t) for t in text.split()]
+        source_ids = processor.EncodeAsIds(source) + [2]
+        output = processor.EncodeAsIds(text)
         limit = len(source_ids) + extra  # EOS included
         assert 1 <= len(output) <= limit
         # Shorter than the limit: the search ended with EOS, which the score counts.

@@ -1,44 +1,48 @@
-"""Translator (batching, order, truncation, attention), sacreBLEU evaluation, plots."""
+"""Translator (batching, order, truncation, scores, attention), sacreBLEU evaluation, plots.
+
+The tokenizer is a real `Tokenizer`: a SentencePiece word model whose pieces
+are the words `w0` ... `w45` (with the 4 special ids: 50 ids). References
+come from the sentencepiece Python library on the same model and from the
+model's own logits.
+"""
+
+import types
 
 import numpy as np
 import pytest
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.config import DecodingOptions, TransformerConfig
+from keras_transformer.data.tokenizer import Tokenizer
 from keras_transformer.decoding import beam_search
 from keras_transformer.model import build_model
 from keras_transformer.plotting import plot_attention
 from keras_transformer.evaluation import evaluate_bleu, score_translations
 from keras_transformer.translate import Translator
 from layer_test_utils import to_np
+from word_tokenizer import BOS, EOS, PAD, word_model_proto, word_tokenizer, words
 
-WORDS = [f"w{i}" for i in range(46)]  # with the 4 special tokens: 50 ids
+WORDS = words(46)  # with the 4 special tokens: 50 ids
 
 
-class WordTokenizer:
-    """A whitespace tokenizer with the model's special ids (a test stand-in)."""
+@pytest.fixture(scope="module")
+def _word_tokenizer():
+    return word_tokenizer(WORDS)
 
-    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
 
-    def __init__(self, words=WORDS):
-        self.pieces = ["<pad>", "<s>", "</s>", "<unk>"] + list(words)
-        self.index = {w: i for i, w in enumerate(self.pieces)}
+@pytest.fixture(scope="module")
+def tokenizer(_word_tokenizer):
+    return _word_tokenizer[0]
 
-    def tokenize(self, strings):
-        return [[self.index.get(w, self.unk_id) for w in s.split()] for s in strings]
 
-    def detokenize(self, ids):
-        return [" ".join(self.pieces[i] for i in row if i > self.unk_id) for row in ids]
-
-    def vocabulary_size(self):
-        return len(self.pieces)
-
-    def id_to_token(self, token_id):
-        return self.pieces[token_id]
+@pytest.fixture(scope="module")
+def processor(_word_tokenizer):
+    """The sentencepiece Python library on the same model: the reference."""
+    return _word_tokenizer[1]
 
 
 def tiny_config(**overrides):
     values = dict(vocab_size=50, num_layers=2, d_model=32, num_heads=4, d_ff=64,
-                  dropout=0.0, max_length=32)
+                  dropout=0.0, max_length=32, tie_output_embeddings=False)
     values.update(overrides)
     return TransformerConfig.preset("tiny", **values)
 
@@ -48,7 +52,30 @@ def model():
     import keras
 
     keras.utils.set_random_seed(3)
-    return build_model(tiny_config())
+    model = build_model(tiny_config())
+    # The output bias: pad and BOS are never chosen (so every generated id is
+    # in the text and the teacher-forced references see what the search saw),
+    # and EOS often enough that outputs end both ways (EOS, length limit).
+    bias = keras.ops.convert_to_numpy(model.output_projection.bias).copy()
+    bias[[PAD, BOS]] = -30.0
+    bias[EOS] = 2.0
+    model.output_projection.bias.assign(bias)
+    return model
+
+
+def reference_source(processor, sentence):
+    return processor.EncodeAsIds(sentence) + [EOS]
+
+
+def reference_text(processor, row):
+    """The output's text: ids before the first EOS, pad and BOS dropped, detokenized."""
+    kept = []
+    for token in row:
+        if token == EOS:
+            break
+        if token not in (PAD, BOS):
+            kept.append(int(token))
+    return processor.DecodeIds(kept)
 
 
 def sentences(count, seed=0):
@@ -56,63 +83,102 @@ def sentences(count, seed=0):
     return [" ".join(rng.choice(WORDS, rng.integers(1, 12))) for _ in range(count)]
 
 
-def test_translate_matches_direct_decoding_in_input_order(model, capsys):
-    tokenizer = WordTokenizer()
+def test_translate_matches_direct_decoding_in_input_order(model, tokenizer, processor, capsys):
     # Width 16 for every batch: batches of 3 sorted sentences, then 1.
     translator = Translator(model, tokenizer, batch_size=3, max_extra_length=5,
                             length_multiple=16)
-    inputs = sentences(7) + ["", "   "]
+    inputs = sentences(7) + ["", "   ", "\u00a0"]
     translations = translator.translate(inputs, beam_size=2, alpha=0.6, progress=True)
-    assert "9/9" in capsys.readouterr().out  # the progress bar reached the end
-    assert len(translations) == 9 and translations[7:] == ["", ""]
+    assert "10/10" in capsys.readouterr().out  # the progress bar reached the end
+    assert len(translations) == 10 and translations[7:] == ["", "", ""]
     # Reference: the sentences in input (not length) order, 3 per batch as
     # (3, 16) arrays (the shapes the Translator compiled), decoded directly.
-    ids = [tokenizer.tokenize([s])[0] + [tokenizer.eos_id] for s in inputs[:7]]
+    ids = [reference_source(processor, s) for s in inputs[:7]]
     source = np.zeros((9, 16), "int32")
     for row, row_ids in enumerate(ids):
         source[row, :len(row_ids)] = row_ids
     tokens = np.concatenate([to_np(beam_search(model, source[i:i + 3], beam_size=2, alpha=0.6,
                                                max_extra_length=5)[0]) for i in (0, 3, 6)])
     for row, translation in enumerate(translations[:7]):
-        output = [int(t) for t in tokens[row] if t != 0]
-        output = output[:output.index(2)] if 2 in output else output
-        assert translation == tokenizer.detokenize([output])[0]
-        assert len(output) <= len(ids[row]) + 5
+        assert translation == reference_text(processor, tokens[row])
+        assert len(translation.split()) <= len(ids[row]) + 5
 
 
-def test_encode_appends_eos_and_truncates_to_max_length(model):
-    translator = Translator(model, WordTokenizer())
-    ids = translator.encode(["w1 w2", " ".join(["w5"] * 100)])
-    assert ids[0] == [5, 6, 2]
-    assert len(ids[1]) == model.config.max_length and ids[1][-1] == 2
+def test_encode_appends_eos_and_truncates_to_max_length(model, tokenizer, processor):
+    translator = Translator(model, tokenizer)
+    long = " ".join(["w5"] * 100)
+    ids = translator.encode(["w1 w2", long, " \t", b"w3 \xff"])
+    assert ids[0] == [processor.PieceToId("\u2581w1"), processor.PieceToId("\u2581w2"), EOS]
+    assert ids[1] == reference_source(processor, long)[:model.config.max_length - 1] + [EOS]
+    assert len(ids[1]) == model.config.max_length
+    assert ids[2] == []  # blank: no ids, not decoded
+    assert ids[3] == reference_source(processor, "w3 \ufffd")  # invalid UTF-8 replaced
     assert translator.translate([]) == []
     with pytest.raises(TypeError, match="list of strings"):
         translator.translate("w1 w2")
 
 
-def test_translator_checks_the_tokenizer(model):
-    class Shifted(WordTokenizer):
-        eos_id = 3
-
+def test_translator_checks_the_tokenizer(model, tokenizer, processor):
+    with pytest.raises(TypeError, match="keras_transformer.data.Tokenizer"):
+        Translator(model, processor)  # any other object, e.g. a SentencePieceProcessor
+    other_ids = types.SimpleNamespace(config=tiny_config(eos_id=3, unk_id=2))
     with pytest.raises(ValueError, match="eos_id"):
-        Translator(model, Shifted())
+        Translator(other_ids, tokenizer)
     with pytest.raises(ValueError, match="vocabulary"):
-        Translator(model, WordTokenizer(WORDS + ["extra"]))
+        Translator(model, Tokenizer(word_model_proto(WORDS + ["extra"])))
 
 
-def test_attention_weights_and_plots(model, tmp_path):
-    translator = Translator(model, WordTokenizer(), batch_size=4, max_extra_length=3)
+def test_scores_are_teacher_forced_log_probabilities_over_the_gnmt_penalty(
+        model, tokenizer, processor):
+    """`translate_with_scores` against the model's logits and the formula written out."""
+    import keras
+
+    extra = 4
+    # Sources of 9, 2, 6, 2, 12 and 11 ids: with EOS forbidden below 7 output
+    # ids, the two of 2 ids end at their limit of 6 ids without EOS, and the
+    # others may end with EOS (the model's EOS bias makes that likely).
+    options = DecodingOptions(max_extra_length=extra, min_length=7)
+    translator = Translator(model, tokenizer, options, batch_size=4)
+    inputs = sentences(6, seed=5) + [""]
+    ended = []
+    for beam_size, alpha in ((1, 0.6), (3, 0.6), (3, 2.0)):
+        texts, scores = translator.translate_with_scores(inputs, beam_size=beam_size,
+                                                         alpha=alpha)
+        assert texts[-1] == "" and scores[-1] == 0.0
+        # The output ids, EOS included when generated (pad and BOS never are).
+        _, attention = translator.translate(inputs[:-1], beam_size=beam_size, alpha=alpha,
+                                            return_attention=True)
+        for sentence, text, score, record in zip(inputs, texts, scores, attention):
+            source = reference_source(processor, sentence)
+            output = [processor.PieceToId(piece) for piece in record["target_tokens"]]
+            assert text == reference_text(processor, output)
+            ended.append(output[-1:] == [EOS])
+            assert ended[-1] or len(output) == len(source) + extra
+            logits = keras.ops.convert_to_numpy(model(
+                {"source_ids": np.array([source], "int32"),
+                 "target_ids": np.array([[BOS] + output[:-1]], "int32")}, training=False))[0]
+            logits = logits.astype("float64")
+            log_probs = logits - logits.max(-1, keepdims=True)
+            log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+            log_p = sum(log_probs[t, y] for t, y in enumerate(output))
+            assert score == pytest.approx(log_p / ((5 + len(output)) / 6) ** alpha,
+                                          rel=1e-4, abs=1e-4), (beam_size, alpha, sentence)
+    assert len(ended) == 18 and 0 < sum(ended) < 18  # both ways of ending are exercised
+
+
+def test_attention_weights_and_plots(model, tokenizer, processor, tmp_path):
+    translator = Translator(model, tokenizer, batch_size=4, max_extra_length=3)
     inputs = ["w1 w2 w3 w4", "w7", "w9 w9"]
     translations, attention = translator.translate(inputs, beam_size=1,
                                                    return_attention=True)
     assert translations == translator.translate(inputs, beam_size=1)
     for sentence, translation, record in zip(inputs, translations, attention):
         source_length = len(sentence.split()) + 1
-        assert record["source_tokens"] == sentence.split() + ["</s>"]
+        assert record["source_tokens"] == ["\u2581" + w for w in sentence.split()] + ["</s>"]
         target_length = len(record["target_tokens"])
         assert 1 <= target_length <= source_length + 3
-        words = [t for t in record["target_tokens"] if t not in ("</s>", "<unk>")]
-        assert " ".join(words) == translation
+        pieces = [t for t in record["target_tokens"] if t != "</s>"]
+        assert processor.DecodePieces(pieces) == translation
         assert record["encoder_self_attention"].shape == (2, 4, source_length, source_length)
         assert record["cross_attention"].shape == (2, 4, target_length, source_length)
         assert record["decoder_self_attention"].shape == (2, 4, target_length, target_length)

@@ -140,13 +140,13 @@ def translator_translate_fn(translator):
 
     It decodes as the translator's `options` say.
 
-    Bytes that are not valid UTF-8 become U+FFFD, as the export does.
+    The lines go to the translator as they are: its tokenizer's
+    `encode_source` replaces bytes that are not valid UTF-8 by U+FFFD, as the
+    export's graph does.
     """
 
     def translate_batch(batch):
-        sentences = [line.decode("utf-8", "replace") if isinstance(line, bytes) else line
-                     for line in batch]
-        texts, scores = translator.translate_with_scores(sentences)
+        texts, scores = translator.translate_with_scores(list(batch))
         return [_one_line(t) for t in texts], scores
 
     return translate_batch
