@@ -30,7 +30,6 @@ import tomllib
 from typing import Optional
 
 from keras_transformer import names
-from keras_transformer import names
 from keras_transformer.config import DecodingOptions, TransformerConfig
 
 SECTIONS = ("run", "data", "model", "training", "decoding", "export")
