@@ -222,8 +222,24 @@ def test_scores_are_length_normalised_log_probabilities(export, loaded):
                             max_extra_length=MAX_EXTRA)
     _, served = _call(loaded, [sentence])
     np.testing.assert_allclose(served[0], keras.ops.convert_to_numpy(scores)[0], rtol=1e-4)
-    _, greedy_score = _call(loaded, [sentence], GREEDY_SIGNATURE)
-    assert np.isfinite(greedy_score[0]) and greedy_score[0] < 0
+    # Independently: log P(Y) of the output under one teacher-forced model call,
+    # over GNMT's ((5 + |Y|) / 6) ** alpha written out (|Y| counts EOS if generated).
+    config, tokenizer = translator.model.config, translator.tokenizer
+    for signature, beam_size in ((BEAM_SIGNATURE, BEAM_SIZE), (GREEDY_SIGNATURE, 1)):
+        (text,), (score,) = _call(loaded, [sentence], signature)
+        (ours,), (record,) = translator.translate([sentence], beam_size=beam_size,
+                                                  alpha=ALPHA, return_attention=True)
+        assert ours == text
+        output = [tokenizer.token_to_id(piece) for piece in record["target_tokens"]]
+        logits = keras.ops.convert_to_numpy(translator.model(
+            {"source_ids": np.array([ids], "int32"),
+             "target_ids": np.array([[config.bos_id] + output[:-1]], "int32")},
+            training=False))[0].astype("float64")
+        log_probs = logits - logits.max(-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+        log_p = sum(log_probs[t, y] for t, y in enumerate(output))
+        assert score == pytest.approx(log_p / ((5 + len(output)) / 6) ** ALPHA,
+                                      rel=1e-4, abs=1e-4)
 
 
 # --- graph contents ----------------------------------------------------------------------
