@@ -265,11 +265,26 @@ def test_translator_with_the_sentencepiece_tokenizer(shared_data, tmp_path, caps
     result = evaluate_bleu(translator, folder / "test.en", folder / "test.de", beam_size=2,
                            max_sentences=4)
     assert "BLEU = " in capsys.readouterr().out
-    # The hypotheses are the translator's own output on the first 4 sources,
-    # and the scores are sacreBLEU's on them against the first 4 reference lines.
+    # The hypotheses are the first 4 sources encoded by SentencePiece's own
+    # library (truncated to 23 pieces + EOS), beam-searched as one batch in the
+    # Translator's order and shape (longest first, width a multiple of 8) and
+    # decoded by the library; the scores are sacreBLEU's against the first 4
+    # reference lines.
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_proto)
     sources = (folder / "test.en").read_text(encoding="utf-8").splitlines()[:4]
     references = (folder / "test.de").read_text(encoding="utf-8").splitlines()[:4]
-    assert result.hypotheses == translator.translate(sources, beam_size=2)
+    ids = [processor.EncodeAsIds(s)[:23] + [EOS] for s in sources]
+    order = sorted(range(4), key=lambda i: -len(ids[i]))
+    source = np.zeros((4, -(-max(map(len, ids)) // 8) * 8), "int32")
+    for row, i in enumerate(order):
+        source[row, :len(ids[i])] = ids[i]
+    tokens = to_np(beam_search(model, source, beam_size=2, alpha=0.6, max_extra_length=4)[0])
+    expected = [None] * 4
+    for row, i in enumerate(order):
+        expected[i] = reference_text(processor, tokens[row])
+    assert result.hypotheses == expected
     assert result.num_sentences == 4
     import sacrebleu
 
