@@ -113,6 +113,9 @@ BACKEND_INDEPENDENT_MODULES = {
     # tf.data bucketing/batching, plus a MirroredStrategy subprocess pinned to
     # KERAS_BACKEND=tensorflow (one test fits a model: see the exceptions).
     "test_data_streaming.py",
+    # Where each shared name and default comes from (names.py), and that the
+    # quantization modes agree; quantizing per backend is test_quantization.py.
+    "test_names.py",
     # Prepared corpora: SentencePiece, TFRecord shards, tf.data streaming, and
     # the prepare / train commands in subprocesses.
     "test_prepared.py",

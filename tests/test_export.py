@@ -116,6 +116,7 @@ def _call(loaded, texts, signature=BEAM_SIGNATURE):
 # --- layout and fresh process ----------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_layout_is_tf_serving_model_version(export):
     path = export["path"]
     assert path == export["base"] / "transformer" / "1"
@@ -129,6 +130,7 @@ def test_layout_is_tf_serving_model_version(export):
     assert options["beam_size"] == BEAM_SIZE and options["max_source_length"] == MAX_LENGTH
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_signatures_and_files_are_the_names_module_s(export, loaded):
     """The export's signature names, input name and tokenizer asset are `names`'."""
     from keras_transformer import names
@@ -252,6 +254,7 @@ def _saved_model_cli():
     return [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_saved_model_cli_and_op_list(export):
     result = subprocess.run(_saved_model_cli() + ["show", "--all", "--dir", str(export["path"])],
                             capture_output=True, text=True, timeout=300)
@@ -272,6 +275,7 @@ def test_saved_model_cli_and_op_list(export):
     assert not [op for op in ops if "PyFunc" in op or op.startswith(("Addons>", "Xla"))]
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_one_search_per_signature(export):
     from tensorflow.core.protobuf import saved_model_pb2
 
@@ -288,6 +292,7 @@ def test_one_search_per_signature(export):
     assert counts.get("Case", 0) + counts.get("StatelessCase", 0) == 0
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_forbidden_ops_names_python_addons_and_xla_ops():
     assert forbidden_ops(["MatMul", "EagerPyFunc", "PyFunc", "Addons>GatherTree",
                           "XlaDynamicUpdateSlice", "SentencepieceOp"]) == [
@@ -297,6 +302,7 @@ def test_forbidden_ops_names_python_addons_and_xla_ops():
 # --- bad inputs ----------------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_empty_inputs(loaded):
     for signature in (BEAM_SIGNATURE, GREEDY_SIGNATURE):
         texts, scores = _call(loaded, ["", "  ", "Hello."], signature)
@@ -306,6 +312,7 @@ def test_empty_inputs(loaded):
         assert outputs["translation"].dtype == tf.string
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_long_input_is_truncated_to_max_source_length(export, loaded):
     tokenizer = export["translator"].tokenizer
     pieces = tokenizer.tokenize([LONG_INPUT]).to_list()[0]
@@ -320,6 +327,7 @@ def test_long_input_is_truncated_to_max_source_length(export, loaded):
     assert texts[0] == export["beam"][export["sentences"].index(LONG_INPUT)]
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_bytes_that_are_not_utf8_are_replaced(loaded):
     bad = [b"caf\xe9 au lait", b"\xff\xfe\x00 The cat.", b"\xc3"]
     replaced = [b.decode("utf-8", "replace") for b in bad]
@@ -331,6 +339,7 @@ def test_bytes_that_are_not_utf8_are_replaced(loaded):
 # --- concurrency --------------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_concurrent_calls_match_sequential_calls(export, loaded):
     sentences = [s for s in export["sentences"] if s != LONG_INPUT]
     distinct = [sentences[i:i + 1 + i % 3] for i in range(0, 15, 2)]  # 8 requests
@@ -388,6 +397,7 @@ def _tf_serving_rest(loaded, body_text):
     return json.dumps({"predictions": predictions})
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_rest_body_through_the_signature_gives_the_translations(export, loaded):
     client = _client()
     sentences = export["sentences"]
@@ -410,6 +420,7 @@ def test_rest_body_through_the_signature_gives_the_translations(export, loaded):
         "http://localhost:8501/v1/models/transformer/versions/3:predict"
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_grpc_request_converts_to_the_same_tensors(export, loaded):
     client = _client()
     sentences = export["sentences"]
@@ -444,6 +455,7 @@ def test_grpc_request_converts_to_the_same_tensors(export, loaded):
 # --- argument errors ------------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # the SavedModel only: TensorFlow under any backend
 def test_export_argument_errors(export, tmp_path):
     translator = export["translator"]
     with pytest.raises(FileExistsError, match="already exists"):
