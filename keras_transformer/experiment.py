@@ -327,7 +327,7 @@ def _train_in(run, settings, corpus):
         train_ds, valid_ds, tokens_per_update = corpora.training_datasets(
             corpus, tokens_per_batch=plan.micro_batch_tokens, max_length=s.max_length,
             num_replicas=plan.replicas, grad_accum_steps=plan.grad_accum_steps,
-            seed=s.seed + start)
+            seed=s.seed + start, bucket_multiple=s.bucket_multiple)
         logger.info(f"Batches: {plan}; {tokens_per_update:.0f} non-pad target tokens per "
                     "update on average")
         bleu_sample = corpora.validation_sample(corpus, s.validation_bleu_sentences)

@@ -74,6 +74,30 @@ def test_every_batch_is_a_bucket_shape_within_the_budget(corpus):
     assert len(shapes) <= len(boundaries)
 
 
+def test_a_finer_bucket_multiple_pads_less_and_the_plan_follows(corpus):
+    from keras_transformer.data import corpora
+
+    # Bounds grow by 10% (rounded up to the multiple), at least by the multiple.
+    assert bucket_boundaries(48, multiple=2) == [8, 10, 12, 14, 16, 18, 20, 22, 26, 30, 34,
+                                                 38, 42, 48]
+    measured = {}
+    for multiple in (8, 2):
+        bounds = set(bucket_boundaries(48, multiple=multiple))
+        train_ds, _, per_update = corpora.training_datasets(
+            corpus, tokens_per_batch=600, max_length=48, seed=0, bucket_multiple=multiple)
+        tokens = slots = batches = 0
+        for inputs, labels in train_ds.take(300).as_numpy_iterator():
+            assert labels.shape[1] in bounds and inputs["source_ids"].shape == labels.shape
+            tokens += int((labels != 0).sum())
+            slots += labels.size
+            batches += 1
+        # The plan's expected non-pad target tokens per update (from the
+        # manifest's histograms) is what the batches hold.
+        assert per_update == pytest.approx(tokens / batches, rel=0.05)
+        measured[multiple] = tokens / slots
+    assert measured[2] > measured[8] + 0.05
+
+
 @pytest.mark.slow
 @pytest.mark.every_backend
 def test_feeds_model_fit_on_the_current_backend(corpus):

@@ -152,6 +152,7 @@ def test_table_3_row_a_config_file_builds_16_heads_of_32_dims(tmp_path):
     ("[optimizer]\nlr = 1\n", "unknown section \\[optimizer\\]"),
     ("[training\n", "not valid TOML"),
     ("[training]\ntrain_steps = -3\n", "--train-steps must be a positive integer"),
+    ("[training]\nbucket_multiple = 0\n", "--bucket-multiple must be a positive integer"),
 ])
 def test_bad_config_files_name_the_problem(tmp_path, text, message):
     from keras_transformer.settings import load_settings

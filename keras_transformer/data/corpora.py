@@ -124,7 +124,7 @@ def prepare_corpus(data, *, vocab_size, max_length=None, prepared_dir=None,
 
 
 def training_datasets(corpus, *, tokens_per_batch, max_length, num_replicas=1,
-                      grad_accum_steps=1, seed=0):
+                      grad_accum_steps=1, seed=0, bucket_multiple=8):
     """Training and validation `tf.data` pipelines streamed from a corpus's shards.
 
     Token counts come from the manifest: nothing is read before the first
@@ -138,14 +138,19 @@ def training_datasets(corpus, *, tokens_per_batch, max_length, num_replicas=1,
         grad_accum_steps: micro-batches per update (for the token count).
         seed: the training order's seed (a resumed run passes `seed +
             start_update`, so it does not replay its first batches).
+        bucket_multiple: the length buckets' bounds are multiples of this
+            (`streaming.bucket_boundaries`).
 
     Returns:
         `(train_ds, valid_ds, target_tokens_per_update)`.
     """
     import tensorflow as tf
 
+    from keras_transformer.data.streaming import bucket_boundaries
+
     common = dict(tokens_per_batch=tokens_per_batch, max_length=max_length,
-                  num_replicas=num_replicas)
+                  num_replicas=num_replicas,
+                  boundaries=bucket_boundaries(max_length, multiple=bucket_multiple))
     counts = corpus.length_policy("train", max_length)
     logger.info(f"Training pairs: {counts.num_pairs:,}; the length policy (max "
                 f"{max_length} tokens) drops {counts.num_over_long:,}")

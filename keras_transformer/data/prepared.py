@@ -690,7 +690,7 @@ class PreparedCorpus:
             num_pairs=stats["pairs"], **options)
 
     def batch_plan(self, split, *, tokens_per_batch, max_length, training, num_replicas=1,
-                   window_size=None):
+                   window_size=None, boundaries=None):
         """Expected batches and target tokens of one pass, from the histograms.
 
         Returns:
@@ -705,7 +705,7 @@ class PreparedCorpus:
             _histogram_array(stats["lengths"]["pair_target_tokens"]),
             _histogram_array(stats["lengths"]["target"]),
             tokens_per_batch=tokens_per_batch, max_length=max_length, training=training,
-            num_replicas=num_replicas, window_size=window_size)
+            num_replicas=num_replicas, window_size=window_size, boundaries=boundaries)
 
 
 __all__ = ["CorpusInputs", "PreparedCorpus", "PreparedCorpusError", "ensure_prepared",
