@@ -98,11 +98,13 @@ class FitReport:
 
 
 def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_update,
-        translator=None, bleu_sample=((), ())):
+        translator=None, bleu_sample=((), ()), callbacks=()):
     """Stage 6: trains from `start_update` to `settings.train_steps` in one `model.fit`.
 
     Callbacks (`keras_transformer.run_callbacks`) write checkpoints, backups,
-    the log, TensorBoard and the best validation BLEU's weights.
+    the log, TensorBoard and the best validation BLEU's weights; `callbacks`
+    are added after them (`examples/benchmark_training_job.py` times the
+    updates with one).
     """
     from keras_transformer.run_callbacks import (DivergenceCheck, SignalStop, StateSaver,
                                                  TrainingLog, TrainingStopped, UpdateClock,
@@ -122,7 +124,7 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     divergence = DivergenceCheck(clock, log, saver, vocab_size=model.config.vocab_size,
                                  enabled=s.divergence_check)
     stop = SignalStop(saver, clock)
-    callbacks = [
+    job_callbacks = [
         clock,
         Validator(run, clock, every=s.validate_every, dataset=valid_ds,
                   translator=translator if s.validation_bleu_sentences else None,
@@ -136,7 +138,7 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     logger.info(f"Training updates {start_update + 1}-{s.train_steps} ({remaining} updates)")
     try:
         model.fit(train_ds, epochs=1, steps_per_epoch=remaining * s.grad_accum_steps,
-                  shuffle=False, callbacks=callbacks + [timer], verbose=0)
+                  shuffle=False, callbacks=job_callbacks + [timer, *callbacks], verbose=0)
     except runs.WriteError as error:
         raise runs.RunError(f"{error}; {run.newest_state_text()}. Free space (or fix the "
                             "folder) and run the same command to continue") from None
