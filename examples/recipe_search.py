@@ -15,11 +15,16 @@ faster starters (less regularisation) over what pays off later; the table
 shows the validation curve so that can be seen.
 
 `table` writes the ranking table from the run folders (`results.json`,
-`settings.json`, `training_log.csv`), not by hand:
+`settings.json`, `training_log.csv`), not by hand. `save` copies those small
+files of each finished candidate to another folder (committed under docs/),
+so that the table can be written again on a machine where the run folders
+(weights, checkpoints: hundreds of MB) are gone:
 
     python examples/recipe_search.py run configs/multi30k_search/*.toml \\
         --root runs/multi30k_search --train-steps 600
-    python examples/recipe_search.py table --root runs/multi30k_search \\
+    python examples/recipe_search.py save --root runs/multi30k_search \\
+        --to docs/multi30k_search_runs
+    python examples/recipe_search.py table --root docs/multi30k_search_runs \\
         --output docs/multi30k_recipe_search.md
 """
 
@@ -28,9 +33,13 @@ import csv
 import json
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import time
+
+# What `save` keeps of a finished candidate: what `read_run` reads.
+KEPT_FILES = ("settings.json", "results.json", "training_log.csv")
 
 # Settings shown as a candidate's differences; the rest is the same for all.
 _IGNORED = {"output_dir", "export_dir", "eval_split", "train_steps", "verbose",
@@ -56,6 +65,25 @@ def run_candidates(configs, root, train_steps):
         if code:
             return code
     return 0
+
+
+def save_runs(root, to):
+    """Copies each finished candidate's `KEPT_FILES` from `root/<name>` to `to/<name>`.
+
+    Returns:
+        The names of the candidates saved (those with a `results.json`).
+    """
+    root, to = pathlib.Path(root), pathlib.Path(to)
+    saved = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        if not (folder / "results.json").is_file():
+            continue
+        (to / folder.name).mkdir(parents=True, exist_ok=True)
+        for name in KEPT_FILES:
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, to / folder.name / name)
+        saved.append(folder.name)
+    return saved
 
 
 def _validation_curve(log_file):
@@ -147,6 +175,9 @@ def main(argv=None):
     p_run.add_argument("configs", nargs="+", help="candidate config files")
     p_run.add_argument("--root", default="runs/multi30k_search")
     p_run.add_argument("--train-steps", type=int, default=600)
+    p_save = sub.add_parser("save", help="copy the finished candidates' small files")
+    p_save.add_argument("--root", default="runs/multi30k_search")
+    p_save.add_argument("--to", required=True, help="e.g. docs/multi30k_search_runs")
     p_table = sub.add_parser("table", help="the ranking table from the run folders")
     p_table.add_argument("--root", default="runs/multi30k_search")
     p_table.add_argument("--baseline", default="small",
@@ -160,6 +191,10 @@ def main(argv=None):
     root = pathlib.Path(args.root)
     if not root.is_dir():
         raise SystemExit(f"recipe_search.py: no folder {root}")
+    if args.command == "save":
+        saved = save_runs(root, args.to)
+        print(f"saved {', '.join(saved) or 'nothing (no finished candidate)'} -> {args.to}")
+        return 0
     rows = [r for r in map(read_run, sorted(p for p in root.iterdir() if p.is_dir())) if r]
     table = markdown_table(rows, baseline=args.baseline)
     if args.output:

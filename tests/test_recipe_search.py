@@ -78,6 +78,25 @@ def test_a_candidate_stopped_earlier_ranks_after_those_trained_further(search, t
     assert table[1].endswith("| the average of 3 checkpoints (ckpt-3200 to ckpt-3600) |")
 
 
+def test_saved_small_files_give_the_same_table(search, tmp_path):
+    runs_root, saved = tmp_path / "runs", tmp_path / "docs"
+    _run(runs_root, "small", 20.0)
+    _run(runs_root, "drop03", 25.5, model={"dropout": 0.3})
+    (runs_root / "small" / "settings.json").write_text("{}")
+    (runs_root / "small" / "ckpt-400.weights.h5").write_bytes(b"weights")
+    (runs_root / "unfinished").mkdir()
+    assert search.main(["save", "--root", str(runs_root), "--to", str(saved)]) == 0
+    assert sorted(p.name for p in saved.iterdir()) == ["drop03", "small"]
+    assert sorted(p.name for p in (saved / "small").iterdir()) == [
+        "results.json", "settings.json", "training_log.csv"]
+
+    def table(root):
+        rows = [r for r in map(search.read_run, sorted(root.iterdir())) if r]
+        return search.markdown_table(rows, baseline="small")
+
+    assert table(saved) == table(runs_root)
+
+
 def test_table_without_a_validation_scored_run_says_so(search, tmp_path):
     _run(tmp_path, "small", 30.0, split="test")
     rows = [search.read_run(tmp_path / "small")]
