@@ -134,11 +134,13 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
         saver,
         stop,
     ]
+    # First: its end-of-batch hook runs before the others' (validation,
+    # checkpoints), which it must not time.
     timer = TrainingTimer()
     logger.info(f"Training updates {start_update + 1}-{s.train_steps} ({remaining} updates)")
     try:
         model.fit(train_ds, epochs=1, steps_per_epoch=remaining * s.grad_accum_steps,
-                  shuffle=False, callbacks=job_callbacks + [timer, *callbacks], verbose=0)
+                  shuffle=False, callbacks=[timer, *job_callbacks, *callbacks], verbose=0)
     except runs.WriteError as error:
         raise runs.RunError(f"{error}; {run.newest_state_text()}. Free space (or fix the "
                             "folder) and run the same command to continue") from None

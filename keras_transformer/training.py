@@ -296,7 +296,9 @@ class TrainingTimer(keras.callbacks.Callback):
     `seconds` sums the time from each `on_train_batch_begin` to its
     `on_train_batch_end` (the training step itself: with the default
     `steps_per_execution=1` a step's results are fetched before its end hook
-    runs), and `steps` counts them. `tokens_per_second(tokens_per_step)`
+    runs), and `steps` counts them. Keras calls the callbacks' hooks in list
+    order: put the timer first, or it times the end hooks of the callbacks
+    before it (a validation, a checkpoint). `tokens_per_second(tokens_per_step)`
     turns that into throughput. `elapsed` is the wall-clock time of the whole
     `fit` call, validation included.
     """

@@ -170,6 +170,36 @@ def test_training_timer_counts_steps_and_tokens(tiny_config):
                                100.0 * 6 / timer.seconds, rtol=1e-9)
 
 
+def test_the_jobs_step_time_leaves_out_its_callbacks(tiny_config, tmp_path, monkeypatch):
+    """experiment.fit's `step_seconds` (the log's and results.json's "tokens/s
+    in training steps") leaves out what the job's callbacks do after a step:
+    here a validation that takes 0.2 s more, after every update."""
+    import tensorflow as tf
+
+    from keras_transformer import experiment, run_callbacks, runs
+    from keras_transformer.settings import resolve
+
+    validate = run_callbacks.Validator.validate
+
+    def slow_validate(self):
+        time.sleep(0.2)
+        return validate(self)
+
+    monkeypatch.setattr(run_callbacks.Validator, "validate", slow_validate)
+    model = kt.compile_model(kt.build_model(tiny_config))
+    inputs, labels = random_pairs(tiny_config, num_pairs=16)
+    train_ds = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(4).repeat()
+    valid_ds = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(4)
+    settings = resolve(dict(preset="tiny", data="demo", output_dir=str(tmp_path), train_steps=5,
+                            validate_every=1, checkpoint_every=10**6,
+                            validation_bleu_sentences=0))
+    report = experiment.fit(model, runs.RunFolder(tmp_path), settings, train_ds, valid_ds,
+                            start_update=0, tokens_per_update=40.0)
+    assert report.steps == 5 and report.seconds >= 5 * 0.2
+    assert report.step_seconds <= report.seconds - 5 * 0.2
+    assert report.tokens_per_second == pytest.approx(40.0 * 5 / report.step_seconds)
+
+
 def test_peak_memory_matches_the_kernels_high_water_mark():
     status = pathlib.Path("/proc/self/status")
     if not status.exists():
