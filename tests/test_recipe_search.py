@@ -26,6 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SEARCH_CONFIGS = REPO / "configs" / "multi30k_search"
 FINAL_CONFIG = REPO / "configs" / "multi30k.toml"
 SEARCH_TABLE = REPO / "docs" / "multi30k_recipe_search.md"
+SAVED_RUNS = REPO / "docs" / "multi30k_search_runs"
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,25 @@ def test_saved_small_files_give_the_same_table(search, tmp_path):
         return search.markdown_table(rows, baseline="small")
 
     assert table(saved) == table(runs_root)
+
+
+def test_each_saved_candidate_is_its_config_file_trained_on_validation(search):
+    """docs/multi30k_search_runs: each folder is a candidate of configs/multi30k_search,
+    trained with what its file says (read with tomllib) and scored on validation."""
+    saved = sorted(p for p in SAVED_RUNS.iterdir() if p.is_dir())
+    assert saved
+    for folder in saved:
+        assert sorted(p.name for p in folder.iterdir()) == sorted(search.KEPT_FILES)
+        job, model = _file_settings(SEARCH_CONFIGS / f"{folder.name}.toml")
+        trained = json.loads((folder / "settings.json").read_text())
+        results = json.loads((folder / "results.json").read_text())
+        assert {name: trained[name] for name in job} == job
+        assert trained["model"] == model
+        assert trained["eval_split"] == results["eval_split"] == "valid"
+        assert trained["train_steps"] == results["final_step"]
+    rows = [search.read_run(p) for p in saved]
+    assert all(row["curve"] for row in rows)
+    assert len(search.markdown_table(rows).splitlines()) == 2 + len(saved)
 
 
 def test_table_without_a_validation_scored_run_says_so(search, tmp_path):
