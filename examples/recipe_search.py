@@ -6,7 +6,9 @@ trains every candidate for the same number of updates in its own process
 --export-dir ''`), into `<root>/<config stem>`; the finished run is scored with
 beam search on the validation split, never on the test set. Re-running the
 command continues an interrupted candidate and skips finished ones (the run
-folder's own resume).
+folder's own resume); a larger `--train-steps` continues finished ones, so
+the best candidates of a screening go on to the full budget without
+starting again.
 
 The learning-rate schedule (equation 3) does not depend on the total number of
 updates, so a short run is the first part of the long run with the same
@@ -15,7 +17,8 @@ faster starters (less regularisation) over what pays off later; the table
 shows the validation curve so that can be seen.
 
 `table` writes the ranking table from the run folders (`results.json`,
-`settings.json`, `training_log.csv`), not by hand. `save` copies those small
+`settings.json`, `training_log.csv`), not by hand; a candidate's training
+minutes are the log's, which count on across continuations. `save` copies those small
 files of each finished candidate to another folder (committed under docs/),
 so that the table can be written again on a machine where the run folders
 (weights, checkpoints: hundreds of MB) are gone:
@@ -86,14 +89,23 @@ def save_runs(root, to):
     return saved
 
 
-def _validation_curve(log_file):
-    """`[(update, val_loss, val_bleu)]` of the rows where validation ran."""
+def _read_log(log_file):
+    """The training log's validation curve and its last `elapsed_seconds`.
+
+    Returns:
+        `([(update, val_loss, val_bleu)], seconds)`: the rows where validation
+        ran, and the log's wall-clock seconds of training, which count on
+        across continuations (None without a log or the column).
+    """
     if not log_file.is_file():
-        return []
+        return [], None
     with open(log_file, newline="") as handle:
-        rows = [r for r in csv.DictReader(handle) if r.get("val_loss")]
-    return [(int(float(r["step"])), float(r["val_loss"]),
-             float(r["val_bleu"]) if r.get("val_bleu") else None) for r in rows]
+        rows = list(csv.DictReader(handle))
+    curve = [(int(float(r["step"])), float(r["val_loss"]),
+              float(r["val_bleu"]) if r.get("val_bleu") else None)
+             for r in rows if r.get("val_loss")]
+    elapsed = [float(r["elapsed_seconds"]) for r in rows if r.get("elapsed_seconds")]
+    return curve, (elapsed[-1] if elapsed else None)
 
 
 def read_run(folder):
@@ -104,8 +116,9 @@ def read_run(folder):
         return None
     results = json.loads(results_file.read_text())
     settings = results.get("settings") or json.loads((folder / "settings.json").read_text())
-    return dict(name=folder.name, results=results, settings=settings,
-                curve=_validation_curve(folder / "training_log.csv"))
+    curve, log_seconds = _read_log(folder / "training_log.csv")
+    return dict(name=folder.name, results=results, settings=settings, curve=curve,
+                log_seconds=log_seconds)
 
 
 def differences(settings, reference):
@@ -159,8 +172,11 @@ def markdown_table(rows, baseline=None):
         bleu_curve = " ".join(f"{u}:{b:.1f}" for u, _, b in row["curve"] if b is not None)
         loss_curve = " ".join(f"{u}:{l:.3f}" for u, l, _ in row["curve"])
         tok_s = res.get("train_target_tokens_per_second")
+        # A continued candidate's results.json times its last part only; the
+        # log's elapsed seconds count from update 0.
+        seconds = row.get("log_seconds") or res.get("train_seconds", 0)
         minutes, speed = (("-", "-") if tok_s is None else
-                          (f"{res.get('train_seconds', 0) / 60:.1f}", f"{tok_s:,.0f}"))
+                          (f"{seconds / 60:.1f}", f"{tok_s:,.0f}"))
         lines.append(
             f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | {minutes} | "
             f"{speed} | **{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "

@@ -79,6 +79,22 @@ def test_a_candidate_stopped_earlier_ranks_after_those_trained_further(search, t
     assert table[1].endswith("| the average of 3 checkpoints (ckpt-3200 to ckpt-3600) |")
 
 
+def test_a_continued_candidate_shows_its_minutes_from_update_0(search, tmp_path):
+    """results.json of a continued run times its last part; the log counts on."""
+    folder = _run(tmp_path, "small", 30.0, final_step=600)
+    results = json.loads((folder / "results.json").read_text())
+    results["train_seconds"] = 300.0  # updates 400-600 only
+    (folder / "results.json").write_text(json.dumps(results))
+    with open(folder / "training_log.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", "loss", "elapsed_seconds", "val_loss", "val_bleu"])
+        writer.writerows([[200, 5.0, 400.0, 4.0, 3.0], [400, 4.0, 800.0, 3.5, 9.0],
+                          [500, 3.8, 1000.0, "", ""], [600, 3.6, 1200.0, 3.2, 12.0]])
+    table = search.markdown_table([search.read_run(folder)], baseline="small").splitlines()
+    assert table[2].startswith("| 1 | `small` | (baseline) | 600 | 20.0 | 3,000 | **30.00** |")
+    assert "200:4.000 400:3.500 600:3.200" in table[2]
+
+
 def test_saved_small_files_give_the_same_table(search, tmp_path):
     runs_root, saved = tmp_path / "runs", tmp_path / "docs"
     _run(runs_root, "small", 20.0)
