@@ -196,7 +196,7 @@ def main(argv=None):
     p_save.add_argument("--to", required=True, help="e.g. docs/multi30k_search_runs")
     p_table = sub.add_parser("table", help="the ranking table from the run folders")
     p_table.add_argument("--root", default="runs/multi30k_search")
-    p_table.add_argument("--baseline", default="small",
+    p_table.add_argument("--baseline", default="small_bucket2",
                          help="the candidate the differences are named against")
     p_table.add_argument("--output", help="write here (default: print)")
     args = parser.parse_args(argv)
