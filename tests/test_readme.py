@@ -181,6 +181,26 @@ def test_other_docs_use_existing_flags(path, options):
     assert not problems, f"{path}:\n" + "\n".join(problems)
 
 
+def test_every_command_prints_its_help():
+    """argparse %-formats help texts: `--help` of each sub-command prints each of its
+    options, and a setting whose help has a literal "%" shows it as written."""
+    import textwrap
+
+    from keras_transformer import settings
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        text = command.format_help()
+        for action in command._actions:
+            assert all(option in text for option in action.option_strings), (name, action)
+    train_help = " ".join(sub.choices["train"].format_help().split())
+    with_percent = [f for f in settings.job_fields() if "%" in f.metadata["help"]]
+    assert with_percent  # bucket_multiple's help gives its padding in percent
+    for field in with_percent:
+        assert " ".join(textwrap.wrap(field.metadata["help"])) in train_help
+
+
 def test_a_bogus_flag_is_reported_with_its_command(readme, options):
     doctored = readme.replace("keras-transformer export --run runs/demo_tiny --weights best",
                               "keras-transformer export --run runs/demo_tiny --weights best "
