@@ -16,9 +16,11 @@ and the command; the tests run it on the real README and on doctored copies.
 import argparse
 import pathlib
 import re
+import textwrap
 
 import pytest
 
+from keras_transformer import settings
 from keras_transformer.commands import PROG, build_parser
 from keras_transformer.settings import markdown_table
 
@@ -184,10 +186,6 @@ def test_other_docs_use_existing_flags(path, options):
 def test_every_command_prints_its_help():
     """argparse %-formats help texts: `--help` of each sub-command prints each of its
     options, and a setting whose help has a literal "%" shows it as written."""
-    import textwrap
-
-    from keras_transformer import settings
-
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     for name, command in sub.choices.items():
