@@ -22,7 +22,6 @@ import pytest
 
 from keras_transformer import settings
 from keras_transformer.commands import PROG, build_parser
-from keras_transformer.settings import markdown_table
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -113,13 +112,13 @@ def readme_problems(text, options=None, table=None):
     Args:
         text: the README's text.
         options: `command_options()`, computed when None.
-        table: the expected settings table, `markdown_table()` when None.
+        table: the expected settings table, `settings.markdown_table()` when None.
 
     Returns:
         A list of problems; empty when the README is right.
     """
     options = command_options() if options is None else options
-    table = markdown_table() if table is None else table
+    table = settings.markdown_table() if table is None else table
     problems = []
     for command, flags, snippet in invocations(text):
         if command is None or command.startswith("<"):  # no command, or a placeholder
@@ -210,7 +209,7 @@ def test_a_bogus_flag_is_reported_with_its_command(readme, options):
 
 
 def test_a_flag_on_a_continuation_line_or_inline_is_checked(options):
-    text = (f"{TABLE_START}\n{markdown_table()}\n{TABLE_END}\n"
+    text = (f"{TABLE_START}\n{settings.markdown_table()}\n{TABLE_END}\n"
             "```bash\nkeras-transformer evaluate --run r --data d \\\n"
             "    --beam-sizes 4 1 --bogus-one\n```\n"
             "and inline `python examples/wmt_ende.py --data demo --bogus-two` or "
