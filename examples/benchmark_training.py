@@ -146,6 +146,13 @@ MIXED_PRECISION = {
     "mixed_float16": ("float16", "fp16"),
     "mixed_bfloat16": ("bfloat16", "bf16"),
 }
+# The suffix of a side's name per policy: "keras", "keras_bf16", "torch_bf16".
+SIDE_SUFFIX = {None: "", "mixed_float16": "_fp16", "mixed_bfloat16": "_bf16"}
+
+
+def matmul_dtype(mixed_precision):
+    """The dtype a policy multiplies in: float32, bfloat16 or float16."""
+    return MIXED_PRECISION[mixed_precision][0] or "float32"
 
 
 # --- Analytic counts -----------------------------------------------------------
@@ -205,8 +212,8 @@ def expected_parameter_difference(config):
     return 2 * 2 * c["d_model"]
 
 
-def matmul_peak_gflops(library="numpy", size=2048, repeats=5):
-    """Best float32 GFLOP/s of a `(size, size) x (size, size)` matmul.
+def matmul_peak_gflops(library="numpy", size=2048, repeats=5, dtype="float32"):
+    """Best GFLOP/s of a `(size, size) x (size, size)` matmul in `dtype`.
 
     Each library has its own kernels (numpy: its BLAS, often OpenBLAS;
     `"keras"`: `keras.ops.matmul` on the current backend, jitted under JAX;
@@ -216,7 +223,11 @@ def matmul_peak_gflops(library="numpy", size=2048, repeats=5):
         library: `"numpy"`, `"keras"` or `"torch"`.
         size: matrix size.
         repeats: timed products; the fastest counts.
+        dtype: `"float32"`, or `"bfloat16"` / `"float16"` (Keras and torch:
+            what a mixed-precision policy multiplies in).
     """
+    if library == "numpy" and dtype != "float32":
+        raise ValueError(f"numpy has no {dtype} matmul")
     rng = np.random.default_rng(0)
     a = rng.random((size, size), dtype=np.float32)
     b = rng.random((size, size), dtype=np.float32)
@@ -225,12 +236,12 @@ def matmul_peak_gflops(library="numpy", size=2048, repeats=5):
     elif library == "torch":
         import torch
 
-        a, b = torch.from_numpy(a), torch.from_numpy(b)
+        a, b = (torch.from_numpy(x).to(getattr(torch, dtype)) for x in (a, b))
         product = lambda: torch.mm(a, b)  # noqa: E731
     elif library == "keras":
         import keras
 
-        a, b = keras.ops.convert_to_tensor(a), keras.ops.convert_to_tensor(b)
+        a, b = (keras.ops.convert_to_tensor(x, dtype) for x in (a, b))
         if keras.backend.backend() == "jax":
             import jax
 
@@ -797,17 +808,19 @@ def start_trainer(kind, config, batch, options, warmup_steps):
         `batch_size` and `target_tokens` (of the global batch), `peak_precision`
         (the peak table's key), `first_step_seconds` (tracing and compilation),
         `warm_step_seconds` (a step after it), `build_seconds`,
-        `matmul_peak_gflops` (of this framework's float32 matmul, measured first;
-        `None` off the CPU) and `notes` (strings to print).
+        `matmul_peak_gflops` (of this framework's matmul in the side's compute
+        dtype, `matmul_dtype`, measured first; `None` off the CPU) and `notes`
+        (strings to print).
     """
     devices = None
     if kind == "keras" and keras_backend() == "tensorflow":
         devices = setup_tensorflow_devices(options.get("distribute"), options.get("replicas"),
                                            options.get("cpu_devices", 2))
     platform, device_name = describe_device(kind)
+    dtype = matmul_dtype(options.get("mixed_precision"))
     matmul_peak = None
     if platform == "cpu":
-        matmul_peak = matmul_peak_gflops(kind, options.get("matmul_size", 2048))
+        matmul_peak = matmul_peak_gflops(kind, options.get("matmul_size", 2048), dtype=dtype)
     start = time.perf_counter()
     trainer = make_trainer(kind, config, batch, options, devices)
     built = time.perf_counter()
@@ -839,6 +852,7 @@ def start_trainer(kind, config, batch, options, warmup_steps):
         "first_step_seconds": first,
         "warm_step_seconds": warm,
         "matmul_peak_gflops": matmul_peak,
+        "matmul_dtype": dtype,
         "notes": list(getattr(trainer, "notes", [])),
     }
 
@@ -863,8 +877,8 @@ def _closing(kind, options, info):
         "matmul_peak_gflops": None,
     }
     if info["platform"] == "cpu":
-        closing["matmul_peak_gflops"] = matmul_peak_gflops(kind,
-                                                           options.get("matmul_size", 2048))
+        closing["matmul_peak_gflops"] = matmul_peak_gflops(
+            kind, options.get("matmul_size", 2048), dtype=info["matmul_dtype"])
     return closing
 
 
@@ -965,6 +979,10 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=1,
             run records `other_cores`, the cores others used meanwhile.
         mixed_precision: `None` (or `"none"`) for float32, `"mixed_float16"`
             or `"mixed_bfloat16"`: the Keras dtype policy, and torch's autocast.
+            A list of two times one Keras side (and one torch side) per
+            policy, side by side in the same alternating rounds: `"keras"`
+            for the first, `"keras_bf16"` for `"mixed_bfloat16"` after a
+            float32 first, and so on (`SIDE_SUFFIX`).
         reference: also time the torch reference.
         distribute: `None`, or `"mirrored"` (TensorFlow backend, needs
             `isolate`): side `"keras"` runs `MirroredStrategy` over one device,
@@ -989,14 +1007,27 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=1,
         `best_ratio`, `parameter_difference` (torch minus Keras; these three
         `None` without `reference`), `scaling` (with `distribute`: `replicas`,
         `one_device_tokens_per_second`, `tokens_per_second`, `speedup`,
-        `efficiency`; else `None`), `matmul_peak_gflops` (and per side
-        `matmul_peaks`), `flops_per_step`, `mixed_precision`.
+        `efficiency`; else `None`), `matmul_peak_gflops` (the best float32
+        product; per side in `matmul_peaks`), `compute_matmul_peaks` (per
+        compute dtype, the best of the sides multiplying in it),
+        `flops_per_step`, `mixed_precision` (the first policy), `precisions`
+        (all of them) and `precision_ratios` (with two policies: for
+        `"keras"` and `"torch"`, the second policy's tokens/s over the
+        first's, median rounds; else `{}`).
     """
     log = log or (lambda *args, **kwargs: None)
-    mixed_precision = None if mixed_precision == "none" else mixed_precision
-    if mixed_precision not in MIXED_PRECISION:
-        raise ValueError("mixed_precision must be none, mixed_float16 or mixed_bfloat16, "
-                         f"received {mixed_precision!r}")
+    precisions = (list(mixed_precision) if isinstance(mixed_precision, (list, tuple))
+                  else [mixed_precision])
+    precisions = [None if p in (None, "none") else p for p in precisions]
+    for policy in precisions:
+        if policy not in MIXED_PRECISION:
+            raise ValueError("mixed_precision must be none, mixed_float16 or "
+                             f"mixed_bfloat16, received {policy!r}")
+    if len(set(precisions)) != len(precisions) or len(precisions) > 2:
+        raise ValueError(f"one or two different policies, received {mixed_precision!r}")
+    if distribute and len(precisions) > 1:
+        raise ValueError("distribute='mirrored' times one policy at a time")
+    mixed_precision = precisions[0]
     if distribute not in (None, "mirrored"):
         raise ValueError(f"distribute must be None or 'mirrored', received {distribute!r}")
     if distribute and not isolate:
@@ -1019,6 +1050,10 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=1,
         plan.append(("keras_mirrored", "keras", {"replicas": None}))
     if reference:
         plan.append(("torch", "torch", {}))
+    for policy in precisions[1:]:
+        suffix = SIDE_SUFFIX[policy] or "_float32"
+        plan += [(kind + suffix, kind, {"mixed_precision": policy})
+                 for kind in ("keras", "torch") if kind == "keras" or reference]
     runner = _Subprocess if isolate else _InProcess
     sides, side_steps = {}, {}
     rounds = {name: [] for name, _, _ in plan}
@@ -1032,7 +1067,8 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=1,
             log(f"{info['name']}: {info['num_parameters']:,} parameters, "
                 f"{info['precision']}, {_where(info)}; built in {info['build_seconds']:.1f} s, "
                 f"first step (compilation) {info['first_step_seconds']:.1f} s"
-                + ("" if matmul is None else f"; float32 matmul {matmul:.0f} GFLOP/s")
+                + ("" if matmul is None
+                   else f"; {info['matmul_dtype']} matmul {matmul:.0f} GFLOP/s")
                 + f"; steps per round: {side_steps[name]}")
             for note in info["notes"]:
                 log(f"  note: {note}")
@@ -1057,27 +1093,43 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=1,
             if isinstance(side, _Subprocess) and side.process.is_alive():
                 side.process.terminate()
     peaks["numpy"] = max(peaks["numpy"], matmul_peak_gflops("numpy", matmul_size))
+    dtypes = {"numpy": "float32"}
     for name in names:
         measured = [v for v in (sides[name].info["matmul_peak_gflops"],
                                 closing[name]["matmul_peak_gflops"]) if v is not None]
         if measured:
             peaks[name] = max(measured)
-    peak = max(peaks.values())
-    log("float32 matmul peak (CPU), best of: " + ", ".join(
-        f"{name} {value:.0f}" for name, value in peaks.items()) + " GFLOP/s")
+            dtypes[name] = sides[name].info["matmul_dtype"]
+    compute_peaks = {}
+    for name, value in peaks.items():
+        compute_peaks[dtypes[name]] = max(compute_peaks.get(dtypes[name], 0.0), value)
+    peak = compute_peaks["float32"]
+    for dtype in compute_peaks:
+        log(f"{dtype} matmul peak (CPU), best of: " + ", ".join(
+            f"{name} {value:.0f}" for name, value in peaks.items() if dtypes[name] == dtype)
+            + " GFLOP/s")
 
     result = {
         "config": config, "batch_size": batch_size, "seq_len": seq_len,
         "target_tokens": target_tokens, "steps": steps, "repeats": repeats,
         "flops_per_step": flops, "matmul_peak_gflops": peak, "matmul_peaks": peaks,
+        "compute_matmul_peaks": compute_peaks,
         "isolated": isolate, "mixed_precision": mixed_precision or "none",
+        "precisions": [p or "none" for p in precisions],
         "distribute": distribute, "sides": names,
     }
     for name in names:
         info = sides[name].info
         result[name] = _side_result(
-            info, rounds[name], closing[name], peaks.get(name), peak,
+            info, rounds[name], closing[name], peaks.get(name),
+            compute_peaks.get(info["matmul_dtype"], peak),
             training_flops(config, info["batch_size"], seq_len, seq_len))
+    result["precision_ratios"] = {}
+    if len(precisions) > 1:
+        suffix = SIDE_SUFFIX[precisions[1]] or "_float32"
+        result["precision_ratios"] = {
+            kind: result[kind + suffix]["tokens_per_second"] / result[kind]["tokens_per_second"]
+            for kind in ("keras", "torch") if kind in result}
     keras_result = result["keras"]
     result["backend"] = keras_result["name"].split("/", 1)[1].split()[0]
     result["ratio"] = result["best_ratio"] = result["parameter_difference"] = None
@@ -1105,14 +1157,19 @@ def run_benchmark(config, *, tokens_per_batch=4096, seq_len=32, steps=1,
 
 
 def _side_result(info, rounds, closing, matmul_peak, cpu_peak_gflops, flops):
-    """One side's figures from its worker's `info`, its rounds and closing."""
+    """One side's figures from its worker's `info`, its rounds and closing.
+
+    `cpu_peak_gflops` is the machine's matmul peak in the side's compute
+    dtype (`info["matmul_dtype"]`, float32 where absent).
+    """
     seconds = [r["seconds"] / r["steps"] for r in rounds]
     median = statistics.median(seconds)
     tokens, replicas = info["target_tokens"], info["replicas"]
     if info["platform"] == "cpu":
         # Logical CPU devices share the cores: the whole CPU is one device here.
         peak_flops, devices = cpu_peak_gflops * 1e9, 1
-        peak_source = f"float32 matmul peak {cpu_peak_gflops:.0f} GFLOP/s (measured here)"
+        peak_source = (f"{info.get('matmul_dtype', 'float32')} matmul peak "
+                       f"{cpu_peak_gflops:.0f} GFLOP/s (measured here)")
     else:
         precision, device_name = info["peak_precision"], info["device_name"]
         peak_flops, devices = device_peak_flops(device_name, precision), replicas
@@ -1205,6 +1262,9 @@ def format_result(result):
             f"encoder and decoder LayerNorms"
             + ("" if result["isolated"] else "; one process, shared RSS") + ")"
         )
+    for kind, ratio in result.get("precision_ratios", {}).items():
+        lines.append(f"{result['precisions'][1]} over {result['precisions'][0]} ({kind}): "
+                     f"{ratio:.2f}x target tokens/s, median rounds")
     scaling = result["scaling"]
     if scaling:
         lines.append(
@@ -1236,6 +1296,10 @@ def format_table(rows):
     header = (f"{'backend':15s} {'keras tok/s':>11s} {'torch tok/s':>11s} "
               f"{'ratio':>6s} {'best':>6s} {'keras %pk':>9s} {'torch %pk':>9s} "
               f"{'keras RSS':>9s} {'torch RSS':>9s} {'compile':>7s} {'others':>6s}")
+    second = next((r["precisions"][1] for _, r in rows
+                   if r is not None and len(r.get("precisions", ())) > 1), None)
+    if second:
+        header += f" {second[-8:] + ' tok/s':>15s} {'ratio':>6s}"
     lines = [header, "-" * len(header)]
     for label, r in rows:
         if r is None:
@@ -1256,12 +1320,17 @@ def format_table(rows):
             f"{_percent(k['fraction_of_peak'], 8)} {torch_peak} "
             f"{k['peak_rss_mb']:5.0f} MiB {torch_rss} "
             f"{k['first_step_seconds']:6.1f}s {_cores(max(others) if others else None)}"
+            + ("" if not second else
+               f" {r['keras' + SIDE_SUFFIX[second]]['tokens_per_second']:15.0f} "
+               f"{r['precision_ratios']['keras']:5.2f}x")
         )
     lines.append(
         "ratio: Keras over torch tokens/s, median rounds; best: best rounds; %pk: "
         "achieved FLOP/s over the best float32 matmul (CPU) or the device's dense peak; "
         "RSS: peak resident memory of each side's process; compile: Keras' first step; "
-        "others: cores used by other processes during the rounds (median, worse side)")
+        "others: cores used by other processes during the rounds (median, worse side)"
+        + (f"; {second} tok/s: Keras under that policy, and its ratio over the first "
+           "policy's tokens/s, median rounds in the same run" if second else ""))
     return "\n".join(lines)
 
 
@@ -1287,10 +1356,11 @@ def parse_args(argv=None):
     parser.add_argument("--jit-compile", choices=("auto", "true", "false"),
                         default="auto",
                         help="XLA for TensorFlow (auto: off on CPU); JAX always jits")
-    parser.add_argument("--mixed-precision", default="none",
+    parser.add_argument("--mixed-precision", default=["none"], nargs="+",
                         choices=("none", "mixed_float16", "mixed_bfloat16"),
                         help="Keras dtype policy; the torch reference uses torch.autocast "
-                             "with the same dtype")
+                             "with the same dtype. Two policies (none mixed_bfloat16) time "
+                             "both side by side, each in its own process, alternating")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the torch.nn.Transformer reference")
     parser.add_argument("--distribute", default="none", choices=("none", "mirrored"),
@@ -1361,7 +1431,8 @@ def main(argv=None):
         return _all_backends(args, argv)
     overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
     print(f"KERAS_BACKEND={backend}, preset {args.preset}, jit_compile={args.jit_compile}, "
-          f"mixed precision {args.mixed_precision}, distribute {args.distribute}, torch "
+          f"mixed precision {' and '.join(args.mixed_precision)}, distribute "
+          f"{args.distribute}, torch "
           f"reference {'off' if args.no_reference else 'on'}", flush=True)
     result = run_benchmark(
         resolve_config(args.preset, **overrides),
@@ -1370,7 +1441,8 @@ def main(argv=None):
         jit_compile={"auto": "auto", "true": True, "false": False}[args.jit_compile],
         torch_threads=args.torch_threads, pad_fraction=args.pad_fraction,
         wait_for_quiet_s=args.wait_for_quiet, matmul_size=args.matmul_size,
-        mixed_precision=args.mixed_precision, reference=not args.no_reference,
+        mixed_precision=args.mixed_precision if len(args.mixed_precision) > 1
+        else args.mixed_precision[0], reference=not args.no_reference,
         distribute=distribute, cpu_devices=args.cpu_devices,
         isolate=not args.in_process, log=lambda *a: print(*a, flush=True),
     )

@@ -275,21 +275,27 @@ def train(settings):
     See the module docstring for the stages and for how a run folder is
     continued.
     """
+    from keras_transformer import precision as precisions
+
     s = settings
     run = runs.RunFolder(s.output_dir)
     keras.utils.set_random_seed(s.seed)
     logger.info(f"Keras {keras.__version__}, backend {keras.backend.backend()}; "
                 f"run folder {run.root}")
+    precision = precisions.resolve(s.mixed_precision)
+    logger.info(f"Precision: {precision}")
 
     corpus = prepare_data(s, run)  # checked before the run folder is created
     with run.lock() if is_chief() else contextlib.nullcontext():
-        return _train_in(run, s, corpus)
+        return _train_in(run, s, corpus, precision)
 
 
-def _train_in(run, settings, corpus):
+def _train_in(run, settings, corpus, precision):
     """`train` once the corpus is known and the run folder is locked."""
     from keras_transformer import training
     from keras_transformer.evaluation import read_lines
+    from keras_transformer.model import with_dtype
+    from keras_transformer.precision import policy_scope
     from keras_transformer.translate import Translator
 
     s = settings
@@ -297,15 +303,16 @@ def _train_in(run, settings, corpus):
     run.write_json(runs.SETTINGS_FILE, s.to_dict())
     config = s.model_config(vocab_size=tokenizer.vocabulary_size())
 
-    if s.mixed_precision != "none":
-        keras.mixed_precision.set_global_policy(s.mixed_precision)
     strategy = training.get_strategy(s.distribute)
     plan = training.plan_batches(s.tokens_per_batch, grad_accum_steps=s.grad_accum_steps,
                                  replicas=training.num_replicas(strategy),
                                  max_length=s.max_length)
-    model = training.build_training_model(
-        config, strategy=strategy, learning_rate_factor=s.learning_rate_factor,
-        grad_accum_steps=s.grad_accum_steps, jit_compile=s.jit_compile)
+    # The policy holds for the layers built here only: what the job builds
+    # later (the float32 model it scores and exports) is float32.
+    with policy_scope(precision.policy):
+        model = training.build_training_model(
+            config, strategy=strategy, learning_rate_factor=s.learning_rate_factor,
+            grad_accum_steps=s.grad_accum_steps, jit_compile=s.jit_compile)
     _check_config(run, config)
     logger.info(f"Model: preset {s.preset}, {model.count_params():,} parameters, "
                 f"{plan.replicas} replica(s)")
@@ -348,6 +355,9 @@ def _train_in(run, settings, corpus):
     try:
         final_weights = finalize_weights(model, run, s)
         plot_training(run.log_file, run / runs.PLOT_FILE)
+        if precision.mixed:  # the test and the export decode the float32 model
+            translator = Translator(with_dtype(model, "float32"), tokenizer,
+                                    s.decoding_options())
         translator = translator or Translator(model, tokenizer, s.decoding_options())
         result = evaluate_test(translator, run, s, corpus)
         export_path = export_run(translator, run, s)
@@ -377,6 +387,7 @@ def _train_in(run, settings, corpus):
         "train_peak_memory_mib": report.peak_memory_mib if report else None,
         "peak_memory_mib": peak_memory_mib(), "final_weights": final_weights,
         "parameters": model.count_params(), "backend": keras.backend.backend(),
+        "precision": precision.policy, "precision_reason": precision.reason,
         "batch_plan": dataclasses.asdict(plan),
         "saved_model": str(export_path) if export_path else None,
         "settings": s.to_dict(),

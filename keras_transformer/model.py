@@ -202,6 +202,49 @@ def build_model(config=None, *, preset="base", vocab_size=None, **overrides):
     return Transformer(config)
 
 
+DECODING_DTYPES = ("float32", "bfloat16")
+
+
+def with_dtype(model, dtype):
+    """A copy of a `Transformer` whose weights and arithmetic are in `dtype`, for inference.
+
+    `"bfloat16"`: every weight is stored in bf16 (half the memory) and every
+    layer computes in bf16, except what stays float32 under any policy (the
+    attention softmax, LayerNorm's statistics, the logits; see
+    `keras_transformer.precision`). `"float32"`: a float32 copy, e.g. of a
+    model built under `mixed_bfloat16` for training. The model passed in is
+    left as it is.
+
+    Args:
+        model: a `Transformer`.
+        dtype: `"float32"` or `"bfloat16"`.
+
+    Returns:
+        A new `Transformer` with the same config and the weights cast to `dtype`.
+
+    Example:
+
+    >>> model16 = with_dtype(model, "bfloat16")
+    >>> Translator(model16, tokenizer).translate(["Hello."])
+    """
+    from keras_transformer.precision import policy_scope
+
+    if dtype not in DECODING_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DECODING_DTYPES)}, "
+                         f"received {dtype!r}")
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a keras_transformer.Transformer, received "
+                        f"{type(model).__name__}")
+    if getattr(model.target_embedding, "quantization_mode", None):
+        raise ValueError(f"the model is quantized ({model.target_embedding.quantization_mode}); "
+                         "cast the float model, then quantize")
+    with policy_scope(dtype):
+        copy = Transformer(model.config, name=model.name)
+    copy.set_weights([keras.ops.convert_to_numpy(keras.ops.cast(w, "float32"))
+                      for w in model.weights])
+    return copy
+
+
 QUANTIZATION_MODES = names.KERAS_QUANTIZATIONS
 
 

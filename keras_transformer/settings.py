@@ -89,8 +89,11 @@ class Settings:
     distribute: str = _field("auto", "run", "auto: all local GPUs; mirrored, "
                              "multiworker (TF_CONFIG) or none",
                              choices=("auto", "none", "mirrored", "multiworker"))
-    mixed_precision: str = _field("none", "run", "Keras dtype policy",
-                                  choices=("none", "mixed_float16", "mixed_bfloat16"))
+    mixed_precision: str = _field(
+        "none", "run", "dtype policy of training: none (float32), mixed_bfloat16, "
+        "mixed_float16, or auto: mixed_bfloat16 where the CPU (avx512_bf16, amx_bf16) or GPU "
+        "has bf16 units the backend uses, else float32 (keras_transformer.precision)",
+        choices=("auto", "none", "mixed_bfloat16", "mixed_float16"))
     jit_compile: str = _field("auto", "run", "XLA for the train step",
                               choices=("auto", "true", "false"))
     # [data]
