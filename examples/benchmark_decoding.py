@@ -26,6 +26,8 @@ Systems (`--systems`; default all but the quantized Keras ones):
 - `<keras system>-int8` (`--quantize int8` adds one per Keras system):
   `model.quantize("int8")` before decoding; reported as "not supported" when
   it raises or quantizes nothing;
+- `<keras system>-bf16` (`--bf16` adds one per Keras system): the model in
+  bf16 weights and arithmetic (`keras_transformer.model.with_dtype`);
 - `hf-marian`: `transformers.MarianMTModel.generate` (PyTorch, its own
   key/value cache) with the same sizes and random weights (`hf_marian_config`
   gives the mapping);
@@ -110,6 +112,8 @@ SCRIPT = os.path.abspath(__file__)
 # that starts with this.
 RESULT_PREFIX = "BENCHMARK_RESULT "
 QUANTIZE_MODES = ("int8",)
+# Variant suffix -> dtype of `with_dtype` (`jax-bf16`).
+DTYPE_VARIANTS = {"bf16": "bfloat16"}
 REFERENCE = "hf-marian"  # the ratios' denominator
 
 
@@ -131,6 +135,7 @@ class System:
             `False` under TensorFlow traces the search into a `tf.function`
             without XLA.
         quantize: Keras systems: `model.quantize(mode)` before decoding.
+        dtype: Keras systems: `with_dtype(model, dtype)` before decoding.
         compute_type: CTranslate2 systems: `Translator(compute_type=...)`.
         artifact: a model made once before the rounds by
             `PREPARERS[artifact]`, in `<workdir>/<artifact>`.
@@ -144,6 +149,7 @@ class System:
     backend: Optional[str] = None
     jit_compile: Optional[bool] = None
     quantize: Optional[str] = None
+    dtype: Optional[str] = None
     compute_type: Optional[str] = None
     artifact: Optional[str] = None
     requires: tuple = ()
@@ -178,7 +184,7 @@ DEFAULT_SYSTEMS = tuple(SYSTEMS)
 
 
 def get_system(name):
-    """The `System` called `name`, quantized Keras variants (`jax-int8`) included.
+    """The `System` called `name`, quantized (`jax-int8`) and bf16 (`jax-bf16`) Keras variants included.
 
     Raises:
         KeyError: for an unknown name.
@@ -190,12 +196,18 @@ def get_system(name):
         system = SYSTEMS[base]
         return dataclasses.replace(system, name=name, quantize=mode,
                                    description=f"{system.description}, {mode} weights")
+    if mode in DTYPE_VARIANTS and base in SYSTEMS and SYSTEMS[base].kind == "keras":
+        system = SYSTEMS[base]
+        return dataclasses.replace(system, name=name, dtype=DTYPE_VARIANTS[mode],
+                                   description=f"{system.description}, bf16 weights and "
+                                               "arithmetic")
     raise KeyError(name)
 
 
 def known_system_names():
     keras_names = [n for n, s in SYSTEMS.items() if s.kind == "keras"]
-    return list(SYSTEMS) + [f"{n}-{mode}" for mode in QUANTIZE_MODES for n in keras_names]
+    return list(SYSTEMS) + [f"{n}-{mode}" for mode in (*QUANTIZE_MODES, *DTYPE_VARIANTS)
+                            for n in keras_names]
 
 
 # --- settings --------------------------------------------------------------------------
@@ -219,6 +231,9 @@ def parse_args(argv=None):
                         help="also time our searches without the key/value cache (slow)")
     parser.add_argument("--quantize", choices=QUANTIZE_MODES,
                         help="add a quantized variant of every selected Keras system")
+    parser.add_argument("--bf16", action="store_true",
+                        help="add a bf16 variant (weights and arithmetic) of every selected "
+                             "Keras system")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds; each starts every system's worker once")
     parser.add_argument("--repeats", type=int, default=3,
@@ -329,16 +344,17 @@ def select_systems(args):
             systems = [s for s in systems if s.kind != "keras" or s.backend == args.backend]
         if args.skip_hf:
             systems = [s for s in systems if "transformers" not in s.requires]
-    if args.quantize:
-        chosen = {s.name for s in systems}
-        with_variants = []
-        for system in systems:
-            with_variants.append(system)
-            variant = f"{system.name}-{args.quantize}"
-            if system.kind == "keras" and not system.quantize and variant not in chosen:
+    modes = ([args.quantize] if args.quantize else []) + (["bf16"] if args.bf16 else [])
+    chosen = {s.name for s in systems}
+    with_variants = []
+    for system in systems:
+        with_variants.append(system)
+        for mode in modes:
+            variant = f"{system.name}-{mode}"
+            if (system.kind == "keras" and not system.quantize and not system.dtype
+                    and variant not in chosen):
                 with_variants.append(get_system(variant))
-        systems = with_variants
-    return systems
+    return with_variants
 
 
 def searches(settings):
@@ -431,6 +447,11 @@ def keras_runner(system, settings, workdir):
             "versions": {"keras": keras.__version__, backend: _version(backend)}}
     if system.quantize:
         info["quantization"] = quantize_model(model, system.quantize)
+    if system.dtype:
+        from keras_transformer.model import with_dtype
+
+        model = with_dtype(model, system.dtype)
+        info["dtype"] = system.dtype
     source = keras.ops.convert_to_tensor(source_ids(settings))
     source_length = int(source.shape[1])
 
@@ -973,8 +994,9 @@ def format_targets(figures):
         if system.kind != "keras":  # the targets are our searches'
             continue
         rows = _summary_rows(entry)
-        # A quantized variant (`jax-int8`) is also measured against its float32 system.
-        plain = figures["systems"].get(name.rpartition("-")[0]) if system.quantize else None
+        # A quantized or bf16 variant (`jax-int8`) is also measured against its float32 system.
+        variant = system.quantize or system.dtype
+        plain = figures["systems"].get(name.rpartition("-")[0]) if variant else None
         plain_rows = _summary_rows(plain) if plain and not plain.get("error") else {}
         for search, _ in searches(settings):
             cached, uncached = rows.get((search, long, True)), rows.get((search, long, False))
@@ -992,9 +1014,10 @@ def format_targets(figures):
                       cached["vs_reference"], 1.0)
                 best.append((cached["vs_reference"], name, search))
             reference = plain_rows.get((search, long, True))
-            if cached and reference:
+            if cached and reference:  # int8's target; bf16 is reported
                 check(f"{name} {search}: speed-up over float32 at {long}",
-                      reference["median_seconds"] / cached["median_seconds"], 1.5)
+                      reference["median_seconds"] / cached["median_seconds"],
+                      1.5 if system.quantize else None)
     for search in sorted({s for _, _, s in best}):
         value, name = max((v, n) for v, n, s in best if s == search)
         check(f"best ({name}) {search}: speed-up over {REFERENCE} at {long}", value, 2.2)
@@ -1019,6 +1042,8 @@ def describe(name, result):
         extra = (f"; {q['mode']}: {q['quantized_tensors']} tensors, "
                  f"{q['quantized_parameters']:,} parameters quantized, "
                  f"{q['float_matrix_parameters']:,} in float matrices")
+    if "dtype" in info:
+        extra += f"; {info['dtype']} weights and arithmetic"
     size = f"{info['parameters']:,} parameters" if "parameters" in info else (
         f"vocabulary {info.get('vocabulary_size')}, {info.get('compute_type')}")
     return (f"  {name}: {versions}; {size}; threads: {info['threads']}; "

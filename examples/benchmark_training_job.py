@@ -18,7 +18,11 @@ every round), and prints the median of each:
   `step_seconds` does not);
 - `job, bucket multiple M` for each `--bucket-multiple` M other than the
   config's: the same with other length buckets (other batches: the same
-  token slots per update, more or fewer of them padding).
+  token slots per update, more or fewer of them padding);
+- `bare step, P` and `job, P` with `--mixed-precision P` (e.g.
+  `mixed_bfloat16`): the same on a second model built under that dtype
+  policy (the config's own `mixed_precision` is ignored: the first model
+  is float32), on the same batches.
 
 Per variant: seconds per update (the first update of a round is left out:
 the shuffle buffer fills then), non-pad target tokens per update (counted in
@@ -27,10 +31,13 @@ matmul GFLOP/s (`benchmark_training.matmul_peak_gflops`) is printed first.
 All variants train the same model in turn, so the figures share the
 machine's state; a busy machine still moves them, so compare within a run.
 
-Usage (the README's figures: round 1's recipe, buckets in steps of 8, against 2):
+Usage (the README's figures: round 1's recipe, buckets in steps of 8, against 2;
+the recipe's updates in float32 and in bf16):
 
     python examples/benchmark_training_job.py --config configs/multi30k_search/small.toml \
         --bucket-multiple 2 --updates 50 --rounds 3
+    python examples/benchmark_training_job.py --config configs/multi30k.toml \
+        --mixed-precision mixed_bfloat16 --updates 50 --rounds 3
 """
 
 import argparse
@@ -50,6 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--config", required=True, help="a `train` config file")
     parser.add_argument("--bucket-multiple", type=int, nargs="*", default=[],
                         help="other length-bucket multiples to time the job with")
+    parser.add_argument("--mixed-precision", choices=("mixed_bfloat16", "mixed_float16"),
+                        help="also time the bare step and the job under this dtype policy")
     parser.add_argument("--updates", type=int, default=50, help="timed updates per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
@@ -70,6 +79,7 @@ def main(argv=None):
 
     from keras_transformer import experiment, runs, training
     from keras_transformer.data import corpora
+    from keras_transformer.precision import policy_scope
     from keras_transformer.settings import load_settings
 
     print(f"fp32 matmul: {matmul_peak_gflops():.0f} GFLOP/s (numpy, 2048 x 2048)", flush=True)
@@ -85,9 +95,14 @@ def main(argv=None):
     keras.utils.set_random_seed(settings.seed)
     config = settings.model_config(vocab_size=corpus.vocab_size)
     plan = training.plan_batches(settings.tokens_per_batch, max_length=settings.max_length)
-    model = training.build_training_model(
-        config, learning_rate_factor=settings.learning_rate_factor,
-        jit_compile=settings.jit_compile)
+    policies = [None] + ([args.mixed_precision] if args.mixed_precision else [])
+    models = {}
+    for policy in policies:
+        with policy_scope(policy or "float32"):
+            models[policy] = training.build_training_model(
+                config, learning_rate_factor=settings.learning_rate_factor,
+                jit_compile=settings.jit_compile)
+    model = models[None]
     print(f"{args.config}: {model.count_params():,} parameters, {plan}", flush=True)
 
     multiples = [settings.bucket_multiple] + [
@@ -112,7 +127,8 @@ def main(argv=None):
         if multiple == settings.bucket_multiple:
             in_memory = batches[1:]
         for x, y in batches:  # warm-up: traces (or compiles) every shape once
-            model.train_on_batch(x, y)
+            for each in models.values():
+                each.train_on_batch(x, y)
 
     class UpdateTimes(keras.callbacks.Callback):
         def __init__(self):
@@ -122,13 +138,15 @@ def main(argv=None):
         def on_train_batch_end(self, batch, logs=None):
             self.times.append(time.perf_counter())
 
-    def bare_step():
-        start = time.perf_counter()
-        for x, y in in_memory:
-            model.train_on_batch(x, y)
-        return (time.perf_counter() - start) / args.updates
+    def bare_step(model):
+        def timed():
+            start = time.perf_counter()
+            for x, y in in_memory:
+                model.train_on_batch(x, y)
+            return (time.perf_counter() - start) / args.updates
+        return timed
 
-    def job(multiple):
+    def job(multiple, model):
         def timed():
             train_ds, valid_ds, per_update = datasets(multiple)
             run = runs.RunFolder(tempfile.mkdtemp(dir=scratch))
@@ -139,11 +157,17 @@ def main(argv=None):
             return (times.times[-1] - times.times[0]) / args.updates
         return timed
 
-    variants = {"bare step": (bare_step, settings.bucket_multiple)}
+    variants = {"bare step": (bare_step(model), settings.bucket_multiple)}
     for multiple in multiples:
         name = "job" if multiple == settings.bucket_multiple else \
             f"job, bucket multiple {multiple}"
-        variants[name] = (job(multiple), multiple)
+        variants[name] = (job(multiple, model), multiple)
+    if args.mixed_precision:
+        mixed = models[args.mixed_precision]
+        variants[f"bare step, {args.mixed_precision}"] = (bare_step(mixed),
+                                                          settings.bucket_multiple)
+        variants[f"job, {args.mixed_precision}"] = (job(settings.bucket_multiple, mixed),
+                                                    settings.bucket_multiple)
     seconds = {name: [] for name in variants}
     order = list(variants)
     for round_index in range(args.rounds):
@@ -161,6 +185,12 @@ def main(argv=None):
         median = statistics.median(seconds[name])
         print(f"| {name} | {median:.3f} | {tokens[multiple]:,.0f} | "
               f"{tokens[multiple] / median:,.0f} |")
+    if args.mixed_precision:
+        for name in ("bare step", "job"):
+            ratio = (statistics.median(seconds[name])
+                     / statistics.median(seconds[f"{name}, {args.mixed_precision}"]))
+            print(f"{name}: {args.mixed_precision} over float32 {ratio:.2f}x updates per "
+                  "second (medians)")
     return 0
 
 

@@ -4,16 +4,18 @@
         --data ../shared/data/multi30k --split test
 
 Exports the run once (`--weights`, default model.keras), in a preparing
-process: a SavedModel in float32 and one in int8 (`export --quantize int8`),
-and CTranslate2 folders in float32 and int8. Then, in `--rounds` rounds,
+process: a SavedModel in float32, one in int8 (`export --quantize int8`) and
+one in bf16 (`export --dtype bfloat16`), and CTranslate2 folders in float32
+and int8. Then, in `--rounds` rounds,
 each system translates `<data>/<split>.en` in a fresh process of its own
 (one at a time, the order rotated each round, as `benchmark_decoding.py`
 does), so that no two runtimes share the cores:
 
-- `translator`, `translator-int8`: `Translator` in a process with
-  `KERAS_BACKEND=--backend` (default tensorflow: the search XLA-compiled),
-  on the float32 model or its `keras_transformer.model.quantized` copy;
-- `saved-model`, `saved-model-int8`: a process that imports only TensorFlow
+- `translator`, `translator-int8`, `translator-bf16`: `Translator` in a
+  process with `KERAS_BACKEND=--backend` (default tensorflow: the search
+  XLA-compiled), on the float32 model, its `keras_transformer.model.quantized`
+  copy or its `with_dtype(model, "bfloat16")` copy;
+- `saved-model`, `saved-model-int8`, `saved-model-bf16`: a process that imports only TensorFlow
   and TensorFlow Text loads the export (as a model server does) and calls
   `serving_default` with batches of `--batch-size` sentences;
 - `ct2`, `ct2-int8`: `CTranslate2Translator` on the CTranslate2 exports
@@ -66,15 +68,19 @@ from benchmark_decoding import (  # noqa: E402
 )
 
 SCRIPT = os.path.abspath(__file__)
-# name: (kind, quantized). The first is the reference of "identical".
+# name: (kind, variant: None for float32, "int8" weights or "bf16" weights and
+# arithmetic). The first is the reference of "identical".
 SYSTEMS = {
-    "translator": ("translator", False),
-    "translator-int8": ("translator", True),
-    "saved-model": ("saved_model", False),
-    "saved-model-int8": ("saved_model", True),
-    "ct2": ("ct2", False),
-    "ct2-int8": ("ct2", True),
+    "translator": ("translator", None),
+    "translator-int8": ("translator", "int8"),
+    "translator-bf16": ("translator", "bf16"),
+    "saved-model": ("saved_model", None),
+    "saved-model-int8": ("saved_model", "int8"),
+    "saved-model-bf16": ("saved_model", "bf16"),
+    "ct2": ("ct2", None),
+    "ct2-int8": ("ct2", "int8"),
 }
+VARIANTS = ("int8", "bf16")
 REFERENCE = "translator"
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -154,15 +160,16 @@ def prepare(spec):
     base = pathlib.Path(spec["export_dir"])
     paths = {}
     for name in spec["systems"]:
-        kind, int8 = SYSTEMS[name]
-        quantize = "int8" if int8 else None
+        kind, variant = SYSTEMS[name]
+        quantize = "int8" if variant == "int8" else None
         if kind == "saved_model":
             # Chunks of the requests' batch size: each request is decoded at once.
             paths[name] = str(export_from_run(
                 spec["run"], base, model_name=name, version=1, weights=spec["weights"],
                 beam_size=max(options["beam_size"], 2), alpha=options["alpha"],
                 max_extra_length=options["max_extra_length"], batch_size=spec["batch_size"],
-                quantize=quantize, overwrite=True))
+                quantize=quantize, dtype="bfloat16" if variant == "bf16" else None,
+                overwrite=True))
         elif kind == "ct2":
             paths[name] = str(export_ctranslate2_from_run(
                 spec["run"], base, model_name="ours", weights=spec["weights"],
@@ -173,9 +180,9 @@ def prepare(spec):
 # --- one system's pass over the split, in its own process ------------------------------------
 
 
-def _translator(spec, int8):
+def _translator(spec, variant):
     from keras_transformer.config import DecodingOptions
-    from keras_transformer.model import quantized
+    from keras_transformer.model import quantized, with_dtype
     from keras_transformer.runs import load_run
     from keras_transformer.translate import Translator
 
@@ -186,8 +193,10 @@ def _translator(spec, int8):
 
         torch.set_num_threads(spec["threads"])
     model, tokenizer = load_run(spec["run"], spec["weights"])
-    if int8:
+    if variant == "int8":
         model = quantized(model, "int8")
+    elif variant == "bf16":
+        model = with_dtype(model, "bfloat16")
     translator = Translator(model, tokenizer, DecodingOptions(**spec["options"]),
                             batch_size=spec["batch_size"])
     info = {"backend": keras.backend.backend(), "keras": keras.__version__}
@@ -233,11 +242,11 @@ def _ct2(spec, path):
 
 def run_system(name, spec):
     """Translates the split twice (warm-up, timed); writes the outputs, returns the figures."""
-    kind, int8 = SYSTEMS[name]
+    kind, variant = SYSTEMS[name]
     sources = read_lines(spec["source"])[: spec["max_sentences"]]
     start = time.perf_counter()
     if kind == "translator":
-        translate, info = _translator(spec, int8)
+        translate, info = _translator(spec, variant)
     elif kind == "saved_model":
         translate, info = _saved_model(spec, spec["paths"][name])
     else:
@@ -288,20 +297,22 @@ def summarize(systems, rounds, outputs, references):
 
 
 def comparisons(summary):
-    """Lines: int8 against float32 on each path, the served graph against the search."""
+    """Lines: int8 and bf16 against float32 on each path, the served graph against the search."""
     def ok(name):
         return name in summary and "error" not in summary[name]
 
     lines = []
     for float_name in ("translator", "saved-model", "ct2"):
-        int8_name = float_name + "-int8"
-        if ok(float_name) and ok(int8_name):
-            a, b = summary[float_name], summary[int8_name]
-            lines.append(
-                f"{int8_name} vs {float_name}: BLEU {b['bleu'] - a['bleu']:+.2f}, "
-                f"speed {b['sentences_per_second'] / a['sentences_per_second']:.2f}x")
+        for variant in VARIANTS:
+            variant_name = f"{float_name}-{variant}"
+            if ok(float_name) and ok(variant_name):
+                a, b = summary[float_name], summary[variant_name]
+                lines.append(
+                    f"{variant_name} vs {float_name}: BLEU {b['bleu'] - a['bleu']:+.2f}, "
+                    f"speed {b['sentences_per_second'] / a['sentences_per_second']:.2f}x")
     for served, search in (("saved-model", "translator"),
-                           ("saved-model-int8", "translator-int8")):
+                           ("saved-model-int8", "translator-int8"),
+                           ("saved-model-bf16", "translator-bf16")):
         if ok(served) and ok(search):
             ratio = summary[served]["sentences_per_second"] / \
                 summary[search]["sentences_per_second"]

@@ -29,6 +29,14 @@ so that the table can be written again on a machine where the run folders
         --to docs/multi30k_search_runs
     python examples/recipe_search.py table --root docs/multi30k_search_runs \\
         --output docs/multi30k_recipe_search.md
+
+`curves` sets validation curves side by side: runs that differ only by seed
+(the references: their spread is the noise) and a run to judge against them
+(another precision, say), from update `--from` on:
+
+    python examples/recipe_search.py curves \\
+        --reference docs/multi30k_search_runs/small_bucket2_drop02 \\
+        docs/multi30k_recipe_seeds/seed1 --compare docs/multi30k_recipe_bf16 --from 600
 """
 
 import argparse
@@ -184,6 +192,51 @@ def markdown_table(rows, baseline=None):
     return "\n".join(lines)
 
 
+def curves_table(references, compared, start=0):
+    """Validation loss per update of runs side by side, and how far `compared` strays.
+
+    Args:
+        references: run folders (or saved small files) that differ by seed only.
+        compared: the run folder judged against them.
+        start: the first update shown and counted.
+
+    Returns:
+        `(lines, summary)`: a Markdown table (update, each reference, their
+        spread, the compared run, its distance outside the references'
+        range) and a dict: `reference_spread` (the largest spread),
+        `outside` (the compared run's largest distance outside the range,
+        0 if always inside), `largest_difference` (its largest distance to
+        the references' mean) and `updates` (the updates compared).
+    """
+    runs = [pathlib.Path(p) for p in (*references, compared)]
+    curves = []
+    for folder in runs:
+        curve, _ = _read_log(folder / "training_log.csv")
+        if not curve:
+            raise SystemExit(f"recipe_search.py: no validation curve in {folder}")
+        curves.append({update: loss for update, loss, _ in curve})
+    updates = sorted(u for u in set.intersection(*(set(c) for c in curves)) if u >= start)
+    if not updates:
+        raise SystemExit("recipe_search.py: the runs share no validation update from "
+                         f"{start} on")
+    names = [p.name for p in runs]
+    lines = ["| update | " + " | ".join(names[:-1]) + " | spread | " + names[-1]
+             + " | outside the range |", "|---" * (len(names) + 3) + "|"]
+    spread = outside = difference = 0.0
+    for update in updates:
+        refs = [c[update] for c in curves[:-1]]
+        value = curves[-1][update]
+        low, high = min(refs), max(refs)
+        away = max(low - value, value - high, 0.0)
+        spread, outside = max(spread, high - low), max(outside, away)
+        difference = max(difference, abs(value - sum(refs) / len(refs)))
+        lines.append(f"| {update} | " + " | ".join(f"{r:.3f}" for r in refs)
+                     + f" | {high - low:.3f} | {value:.3f} | {away:.3f} |")
+    summary = dict(reference_spread=spread, outside=outside, largest_difference=difference,
+                   updates=updates)
+    return lines, summary
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="recipe_search.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,7 +252,23 @@ def main(argv=None):
     p_table.add_argument("--baseline", default="small_bucket2",
                          help="the candidate the differences are named against")
     p_table.add_argument("--output", help="write here (default: print)")
+    p_curves = sub.add_parser("curves", help="validation curves side by side: references "
+                                             "(seeds) and a run judged against them")
+    p_curves.add_argument("--reference", nargs="+", required=True,
+                          help="run folders that differ by seed only")
+    p_curves.add_argument("--compare", required=True, help="the run folder to judge")
+    p_curves.add_argument("--from", dest="start", type=int, default=0,
+                          help="the first update counted (default 0)")
     args = parser.parse_args(argv)
+    if args.command == "curves":
+        lines, summary = curves_table(args.reference, args.compare, args.start)
+        print("\n".join(lines))
+        print(f"validation loss from update {summary['updates'][0]} to "
+              f"{summary['updates'][-1]}: the references' largest spread "
+              f"{summary['reference_spread']:.3f}; {pathlib.Path(args.compare).name} at most "
+              f"{summary['outside']:.3f} outside their range, at most "
+              f"{summary['largest_difference']:.3f} from their mean")
+        return 0
     if args.command == "run":
         if args.train_steps < 1:
             parser.error("--train-steps must be a positive integer")

@@ -92,7 +92,7 @@ import tensorflow as tf
 
 from keras_transformer import names
 from keras_transformer.config import DecodingOptions
-from keras_transformer.model import QUANTIZATION_MODES, quantized
+from keras_transformer.model import DECODING_DTYPES, QUANTIZATION_MODES, quantized, with_dtype
 from keras_transformer.runs import (RunError, WriteError, check_run, load_run,
                                     resolve_weights)
 from keras_transformer.serving_warmup import write_warmup_requests
@@ -307,7 +307,7 @@ def forbidden_ops(ops):
 # --- export ----------------------------------------------------------------------
 
 
-def _resolve_options(config, decoding, max_source_length, batch_size, quantize):
+def _resolve_options(config, decoding, max_source_length, batch_size, quantize, dtype):
     if decoding.greedy:
         raise ValueError("beam_size (of serving_default) must be an integer >= 2 "
                          "(translate_greedy is the beam-1 search), received 1")
@@ -320,6 +320,12 @@ def _resolve_options(config, decoding, max_source_length, batch_size, quantize):
     if quantize is not None and quantize not in QUANTIZATION_MODES:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATION_MODES)}, "
                          f"received {quantize!r}")
+    if dtype not in DECODING_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DECODING_DTYPES)}, "
+                         f"received {dtype!r}")
+    if quantize and dtype != "float32":
+        raise ValueError(f"quantize={quantize!r} and dtype={dtype!r} are alternatives: "
+                         "int8 weights or bf16 weights")
     if batch_size is None:
         batch_size = DEFAULT_BATCH_SIZE
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -327,7 +333,7 @@ def _resolve_options(config, decoding, max_source_length, batch_size, quantize):
     return dict(beam_size=decoding.beam_size, alpha=decoding.alpha,
                 max_extra_length=decoding.max_extra_length,
                 max_source_length=max_source_length, batch_size=batch_size,
-                quantize=quantize)
+                quantize=quantize, dtype=dtype)
 
 
 def _version_dir(export_dir, model_name, version, overwrite):
@@ -348,7 +354,7 @@ def _version_dir(export_dir, model_name, version, overwrite):
 def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
                        version=None, beam_size=None, alpha=None, max_source_length=None,
                        max_extra_length=None, batch_size=DEFAULT_BATCH_SIZE, quantize=None,
-                       overwrite=False, verbose=False):
+                       dtype=None, overwrite=False, verbose=False):
     """Writes a translator as a TF Serving SavedModel `<export_dir>/<model_name>/<version>/`.
 
     See the module docstring for the signatures and the input handling. Under
@@ -379,6 +385,11 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             take any batch size and width.
         quantize: `"int8"` exports a weight-quantized copy of the model
             (`keras_transformer.model.quantized`); default float32.
+        dtype: `"bfloat16"` exports a bf16 copy of the model (weights and
+            arithmetic, `keras_transformer.model.with_dtype`); `"float32"`
+            a float32 one; default the translator's model as it is. A bf16
+            SavedModel runs on any CPU; without bf16 instructions
+            (avx512_bf16, amx_bf16) oneDNN emulates them, more slowly.
         overwrite: replace an existing version folder.
         verbose: print what is written.
 
@@ -405,8 +416,12 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
     decoding = getattr(translator, "options", None) or DecodingOptions()
     decoding = decoding.replace(beam_size=beam_size, alpha=alpha,
                                 max_extra_length=max_extra_length)
+    # The model's dtype policy: float32, bfloat16 (`with_dtype`), or a
+    # training model's mixed_bfloat16, exported as float32 unless asked.
+    model_dtype = model.dtype_policy.name
+    dtype = dtype or (model_dtype if model_dtype in DECODING_DTYPES else "float32")
     options = _resolve_options(model.config, decoding, max_source_length, batch_size,
-                               quantize)
+                               quantize, dtype)
     model_dir, version, target = _version_dir(export_dir, model_name, version, overwrite)
     already = getattr(model.target_embedding, "quantization_mode", None)
     if already and quantize:
@@ -417,6 +432,9 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         if already:
             raise ValueError("under the JAX or PyTorch backend, export the float32 model "
                              f"with quantize={already!r} instead of a quantized one")
+        if model_dtype != "float32":
+            raise ValueError("under the JAX or PyTorch backend, export the float32 model "
+                             f"(dtype={dtype!r} casts it) instead of a {model_dtype} one")
         with tempfile.TemporaryDirectory(prefix="kt_export_") as tmp:
             tmp = pathlib.Path(tmp)
             model.save_weights(tmp / "model.weights.h5")
@@ -435,6 +453,8 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         asset_source.mkdir()
         asset_file = asset_source / TOKENIZER_ASSET
         asset_file.write_bytes(tokenizer.model_proto)
+        if dtype != model_dtype:
+            model = with_dtype(model, dtype)
         if quantize:
             model = quantized(model, quantize)
         module = TranslationModule(
@@ -464,7 +484,8 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if verbose:
-        weights = f", {quantize or already} weights" if quantize or already else ""
+        weights = quantize or already or (dtype if dtype != "float32" else None)
+        weights = f", {weights} weights" if weights else ""
         print(f"Exported {BEAM_SIGNATURE} (beam {options['beam_size']}, alpha "
               f"{options['alpha']}{weights}) and {GREEDY_SIGNATURE} to {target}")
     return target
@@ -516,8 +537,8 @@ def _export_in_subprocess(run_dir, export_dir, **options):
 def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
                     version=None, weights=None, beam_size=None, alpha=None,
                     max_source_length=None, max_extra_length=None,
-                    batch_size=DEFAULT_BATCH_SIZE, quantize=None, overwrite=False,
-                    verbose=False):
+                    batch_size=DEFAULT_BATCH_SIZE, quantize=None, dtype=None,
+                    overwrite=False, verbose=False):
     """Exports a training output folder (`model.keras` + `spm.model`) for TF Serving.
 
     Works from any Keras backend: outside TensorFlow it re-runs itself in a
@@ -535,7 +556,7 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             `runs.resolve_weights` (`best`, `last`, `ckpt-<update>`, ...) or
             a `.weights.h5` path.
         beam_size, alpha, max_source_length, max_extra_length, batch_size,
-            quantize, overwrite, verbose: as in
+            quantize, dtype, overwrite, verbose: as in
             `export_saved_model` (decoding defaults: `DecodingOptions`').
 
     Returns:
@@ -560,7 +581,7 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             run_dir, export_dir, model_name=model_name, version=version,
             overwrite=overwrite, verbose=verbose, beam_size=beam_size, alpha=alpha,
             max_source_length=max_source_length, max_extra_length=max_extra_length,
-            batch_size=batch_size, quantize=quantize, weights=weights)
+            batch_size=batch_size, quantize=quantize, dtype=dtype, weights=weights)
 
     from keras_transformer.translate import Translator
 
@@ -571,7 +592,7 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
     return export_saved_model(
         translator, export_dir, model_name=model_name, version=version,
         max_source_length=max_source_length, batch_size=batch_size, quantize=quantize,
-        overwrite=overwrite, verbose=verbose)
+        dtype=dtype, overwrite=overwrite, verbose=verbose)
 
 
 _RUN_ERROR_STATUS = 3

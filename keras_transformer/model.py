@@ -202,7 +202,7 @@ def build_model(config=None, *, preset="base", vocab_size=None, **overrides):
     return Transformer(config)
 
 
-DECODING_DTYPES = ("float32", "bfloat16")
+DECODING_DTYPES = names.DECODING_DTYPES
 
 
 def with_dtype(model, dtype):

@@ -23,5 +23,7 @@ INPUT_NAME = "text"
 # Weight quantization: of the Keras model (`model.quantized`, the SavedModel)
 # and of a CTranslate2 export (CTranslate2's `quantization` weight types).
 KERAS_QUANTIZATIONS = ("int8",)
+# What a Keras model decodes in (`model.with_dtype`, the SavedModel's `dtype`).
+DECODING_DTYPES = ("float32", "bfloat16")
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                              "float16", "bfloat16")

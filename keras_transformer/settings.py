@@ -90,7 +90,7 @@ class Settings:
                              "multiworker (TF_CONFIG) or none",
                              choices=("auto", "none", "mirrored", "multiworker"))
     mixed_precision: str = _field(
-        "none", "run", "dtype policy of training: none (float32), mixed_bfloat16, "
+        "auto", "run", "dtype policy of training: none (float32), mixed_bfloat16, "
         "mixed_float16, or auto: mixed_bfloat16 where the CPU (avx512_bf16, amx_bf16) or GPU "
         "has bf16 units the backend uses, else float32 (keras_transformer.precision)",
         choices=("auto", "none", "mixed_bfloat16", "mixed_float16"))

@@ -89,8 +89,14 @@ def test_system_selection_and_rotation(bench):
     quantized = bench.get_system("tensorflow+xla-int8")
     assert (quantized.quantize, quantized.backend, quantized.jit_compile) == (
         "int8", "tensorflow", True)
+    assert names("--systems", "tensorflow", "ct2-ours", "--quantize", "int8", "--bf16") == [
+        "tensorflow", "tensorflow-int8", "tensorflow-bf16", "ct2-ours"]
+    bf16 = bench.get_system("jax-bf16")
+    assert (bf16.dtype, bf16.quantize, bf16.backend) == ("bfloat16", None, "jax")
     with pytest.raises(SystemExit, match="unknown system 'hf-int8'; choose from"):
         names("--systems", "hf-int8")
+    with pytest.raises(SystemExit, match="unknown system 'ct2-ours-bf16'; choose from"):
+        names("--systems", "ct2-ours-bf16")
     with pytest.raises(SystemExit, match="leave out --backend"):
         names("--systems", "jax", "--backend", "jax")
     assert [bench.rotated(list("ABC"), r) for r in range(4)] == [

@@ -94,6 +94,43 @@ def test_run_benchmark_on_tiny_config(bench, tiny_config, one_torch_thread, caps
     assert table.splitlines()[3].split() == ["other-run", "failed"]
 
 
+def test_two_policies_side_by_side(bench, tiny_config, capsys):
+    """float32 and mixed_bfloat16 in the same alternating rounds, each against its own peak."""
+    config = tiny_config.replace(num_layers=1).to_dict()
+    result = bench.run_benchmark(
+        config, tokens_per_batch=64, seq_len=8, steps=1, warmup_steps=1, repeats=2,
+        isolate=False, matmul_size=128, reference=False,
+        mixed_precision=["none", "mixed_bfloat16"], log=print)
+    print(bench.format_result(result))
+    printed = capsys.readouterr().out
+    assert result["sides"] == ["keras", "keras_bf16"]
+    assert result["precisions"] == ["none", "mixed_bfloat16"]
+    keras_side, bf16_side = result["keras"], result["keras_bf16"]
+    assert (keras_side["precision"], bf16_side["precision"]) == ("float32", "mixed_bfloat16")
+    assert (keras_side["matmul_dtype"], bf16_side["matmul_dtype"]) == ("float32", "bfloat16")
+    # Each side's share of peak is of the peak in its own compute dtype.
+    peaks = result["compute_matmul_peaks"]
+    assert set(peaks) == {"float32", "bfloat16"} and min(peaks.values()) > 0
+    assert bf16_side["fraction_of_peak"] == pytest.approx(
+        bf16_side["gflops"] / peaks["bfloat16"])
+    assert keras_side["fraction_of_peak"] == pytest.approx(
+        keras_side["gflops"] / peaks["float32"])
+    assert result["precision_ratios"]["keras"] == pytest.approx(
+        bf16_side["tokens_per_second"] / keras_side["tokens_per_second"])
+    # The rounds alternate: each side timed once per round, the order flipped.
+    assert len(keras_side["rounds"]) == len(bf16_side["rounds"]) == 2
+    lines = [line for line in printed.splitlines() if "round " in line]
+    assert [line.split()[2] for line in lines] == ["keras", "keras_bf16",
+                                                   "keras_bf16", "keras"]
+    assert "bfloat16 matmul peak (CPU)" in printed
+    assert "mixed_bfloat16 over none (keras):" in printed
+    table = bench.format_table([("this-run", result)])
+    assert "bfloat16 tok/s" in table.splitlines()[0]
+    assert f"{result['precision_ratios']['keras']:5.2f}x" in table.splitlines()[2]
+    with pytest.raises(ValueError, match="one or two different policies"):
+        bench.run_benchmark(config, mixed_precision=["none", "none"], isolate=False)
+
+
 # --- Accelerator figures, mixed precision, MirroredStrategy ---------------------
 
 

@@ -387,7 +387,7 @@ def test_compare_script_prints_bleu_agreement_and_speed(run_dir, corpus, tmp_pat
     for i, lang in enumerate(("en", "de")):
         (data / f"test.{lang}").write_text(
             "\n".join(pair[i] for pair in corpus["pairs"][:6]) + "\n", encoding="utf-8")
-    systems = ["translator", "saved-model", "ct2", "ct2-int8"]
+    systems = ["translator", "saved-model", "saved-model-bf16", "ct2", "ct2-int8"]
     result = subprocess.run(
         [sys.executable, str(REPO / "examples" / "compare_inference.py"), "--run",
          str(run_dir), "--data", str(data), "--split", "test", "--beam-size", "1",
@@ -407,3 +407,4 @@ def test_compare_script_prints_bleu_agreement_and_speed(run_dir, corpus, tmp_pat
     assert rows["saved-model"]["info"]["foreign_modules"] == []  # only tf and tf_text
     assert "ct2-int8 vs ct2: BLEU" in result.stdout
     assert "saved-model vs translator: speed" in result.stdout
+    assert "saved-model-bf16 vs saved-model: BLEU" in result.stdout

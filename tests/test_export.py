@@ -32,7 +32,7 @@ from keras_transformer.export import (
     next_version,
     saved_model_ops,
 )
-from keras_transformer.model import build_model, quantized
+from keras_transformer.model import build_model, quantized, with_dtype
 from keras_transformer.translate import Translator
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -209,6 +209,30 @@ def test_int8_export_matches_the_quantized_translator_in_a_fresh_process(export,
     assert out["translate_greedy"] == reference.translate(sentences, beam_size=1)
     # The translator's own model stayed float32.
     assert getattr(translator.model.target_embedding, "quantization_mode", None) is None
+
+
+@pytest.mark.slow  # bf16 per backend: test_precision.py
+def test_bf16_export_matches_the_bf16_translator_in_a_fresh_process(export, tmp_path):
+    translator = export["translator"]
+    path = export_saved_model(translator, tmp_path / "bf16", beam_size=BEAM_SIZE,
+                              alpha=ALPHA, batch_size=8, dtype="bfloat16")
+    options = json.loads((path / "assets.extra" / "export_options.json").read_text())
+    assert (options["dtype"], options["quantize"]) == ("bfloat16", None)
+    dtypes = {tf.as_dtype(v.dtype).name for v in tf.saved_model.load(str(path)).model_variables}
+    assert dtypes == {"bfloat16"}
+    model16 = with_dtype(translator.model, "bfloat16")
+    # The exported graph runs without XLA: so does the reference.
+    reference = Translator(model16, translator.tokenizer, translator.options, batch_size=8,
+                           jit_compile=False)
+    sentences = export["sentences"]
+    out = _in_fresh_process(path, sentences, tmp_path)
+    assert out["serving_default"] == reference.translate(sentences, beam_size=BEAM_SIZE)
+    assert out["translate_greedy"] == reference.translate(sentences, beam_size=1)
+    # A bf16 translator's model exports as it is, bf16 again.
+    again = export_saved_model(reference, tmp_path / "again", beam_size=BEAM_SIZE, alpha=ALPHA)
+    assert json.loads((again / "assets.extra" / "export_options.json").read_text()
+                      )["dtype"] == "bfloat16"
+    assert translator.model.dtype_policy.name == "float32"
 
 
 def test_scores_are_length_normalised_log_probabilities(export, loaded):
@@ -471,4 +495,8 @@ def test_export_argument_errors(export, tmp_path):
                            tmp_path)
     with pytest.raises(ValueError, match="quantize must be one of int8"):
         export_saved_model(translator, tmp_path, quantize="int4")
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16"):
+        export_saved_model(translator, tmp_path, dtype="float16")
+    with pytest.raises(ValueError, match="int8 weights or bf16 weights"):
+        export_saved_model(translator, tmp_path, quantize="int8", dtype="bfloat16")
     assert not any(tmp_path.iterdir())

@@ -174,7 +174,7 @@ def test_quick_start_is_the_two_commands(readme):
     assert 'pip install -e ".[test]" && bash tests/run_all_backends.sh' in readme
 
 
-@pytest.mark.parametrize("path", ["docs/serving.md", "saved_models/README.md"])
+@pytest.mark.parametrize("path", ["docs/serving.md", "docs/bf16.md", "saved_models/README.md"])
 def test_other_docs_use_existing_flags(path, options):
     text = (REPO / path).read_text(encoding="utf-8")
     problems = [p for p in readme_problems(text, options, table=settings_table(text) or "")

@@ -133,6 +133,29 @@ def test_each_saved_candidate_is_its_config_file_trained_on_validation(search):
     assert len(search.markdown_table(rows).splitlines()) == 2 + len(saved)
 
 
+def test_curves_put_a_run_beside_the_seeds_spread(search, tmp_path, capsys):
+    seed0 = _run(tmp_path, "seed0", 20.0, curve=((200, 5.0, 1), (600, 3.80, 20),
+                                                  (800, 3.50, 25)))
+    seed1 = _run(tmp_path, "seed1", 20.0, curve=((200, 5.1, 1), (600, 3.90, 20),
+                                                  (800, 3.45, 25)))
+    other = _run(tmp_path, "bf16", 20.0, curve=((200, 9.0, 1), (600, 3.85, 20),
+                                                 (800, 3.60, 25), (1000, 3.0, 30)))
+    lines, summary = search.curves_table([seed0, seed1], other, start=600)
+    # Update 200 is before --from, 1000 is not in every run.
+    assert summary["updates"] == [600, 800]
+    assert summary["reference_spread"] == pytest.approx(0.10)  # 3.90 - 3.80 at 600
+    assert summary["outside"] == pytest.approx(0.10)  # 3.60 above 3.50 at 800
+    assert summary["largest_difference"] == pytest.approx(3.60 - 3.475)
+    assert lines[2] == "| 600 | 3.800 | 3.900 | 0.100 | 3.850 | 0.000 |"
+    assert lines[3] == "| 800 | 3.500 | 3.450 | 0.050 | 3.600 | 0.100 |"
+    assert search.main(["curves", "--reference", str(seed0), str(seed1), "--compare",
+                        str(other), "--from", "600"]) == 0
+    printed = capsys.readouterr().out
+    assert "the references' largest spread 0.100; bf16 at most 0.100 outside" in printed
+    with pytest.raises(SystemExit, match="share no validation update from 2000"):
+        search.curves_table([seed0, seed1], other, start=2000)
+
+
 def test_table_without_a_validation_scored_run_says_so(search, tmp_path):
     _run(tmp_path, "small", 30.0, split="test")
     rows = [search.read_run(tmp_path / "small")]

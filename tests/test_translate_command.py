@@ -187,7 +187,7 @@ def test_scores_of_the_saved_model_command(export, loaded, tmp_path):
 @pytest.mark.backend_independent  # argument checks before any model is loaded
 def test_saved_model_refuses_decoding_options(export, tmp_path, capsys):
     for option in (["--beam-size", "2"], ["--alpha", "1.0"], ["--max-extra-length", "3"],
-                   ["--weights", "best"], ["--quantize", "int8"]):
+                   ["--weights", "best"], ["--quantize", "int8"], ["--dtype", "bfloat16"]):
         assert main(["translate", "--model", str(export["path"]), "--input", os.devnull]
                     + option) == 1
         err = capsys.readouterr().err
@@ -419,6 +419,12 @@ def test_run_flags_reach_the_translator(run, tmp_path, monkeypatch, capsys):
     assert mode == "int8" and type(model).__name__ == "Transformer"
     assert translator.model == ("int8 copy of", model)
 
+    # --dtype bfloat16 decodes with a bf16 copy of the model.
+    translator, _, err = translate("--dtype", "bfloat16")
+    assert translator.model.dtype_policy.name == "bfloat16"
+    assert {str(w.dtype).split(".")[-1] for w in translator.model.weights} == {"bfloat16"}
+    assert "bfloat16 weights" in err
+
 
 @pytest.mark.backend_independent  # argument and run-folder checks
 def test_run_folder_errors(run, tmp_path, capsys):
@@ -438,4 +444,6 @@ def test_run_folder_errors(run, tmp_path, capsys):
     assert "needs --model" in error("--run", str(run), "--signature", "x")
     assert "--beam-size 1" in error("--run", str(run), "--greedy", "--beam-size", "4")
     assert "--alpha must be >= 0" in error("--run", str(run), "--alpha", "-1")
+    assert "int8 weights or bf16 weights" in error("--run", str(run), "--quantize", "int8",
+                                                   "--dtype", "bfloat16")
     assert not (tmp_path / "never.de").exists()

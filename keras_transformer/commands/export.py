@@ -14,7 +14,7 @@ QUANTIZATIONS = names.CTRANSLATE2_QUANTIZATIONS
 # translates, so they mean nothing to its export. Their parser defaults are
 # None so that a value given with --format ctranslate2 is refused, not ignored.
 _SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_source_length",
-                     "max_extra_length", "batch_size")
+                     "max_extra_length", "batch_size", "dtype")
 # The SavedModel's own weight quantization (Keras' model.quantize).
 SAVED_MODEL_QUANTIZATIONS = names.KERAS_QUANTIZATIONS
 
@@ -99,6 +99,10 @@ def add_parser(commands):
                    help="store the weights quantized (default: float32): "
                         f"{' or '.join(SAVED_MODEL_QUANTIZATIONS)} for a SavedModel (Keras' "
                         "model.quantize); any of these for ctranslate2")
+    e.add_argument("--dtype", choices=names.DECODING_DTYPES,
+                   help="saved_model: the weights' and arithmetic's dtype (default float32); "
+                        "bfloat16 runs on any CPU, fast where it has avx512_bf16 or amx_bf16 "
+                        "(CTranslate2 takes --quantize bfloat16)")
     e.add_argument("--export-dir", default=names.EXPORT_ROOT,
                    help=f"base folder (default {names.EXPORT_ROOT}): <export-dir>/<model-name>/"
                         "<version>/ for a SavedModel, <export-dir>/<model-name>-ct2"

@@ -220,7 +220,7 @@ def _stderr_progress(done, elapsed, final=False):
 # Decoding options of --run; a SavedModel fixed them at export.
 _RUN_OPTIONS = (("weights", "--weights"), ("beam_size", "--beam-size"),
                 ("alpha", "--alpha"), ("max_extra_length", "--max-extra-length"),
-                ("quantize", "--quantize"))
+                ("quantize", "--quantize"), ("dtype", "--dtype"))
 
 
 def _check_options(args):
@@ -242,6 +242,9 @@ def _check_options(args):
         raise CommandError(f"--greedy is --beam-size 1, not --beam-size {args.beam_size}")
     if args.alpha is not None and args.alpha < 0:
         raise CommandError(f"--alpha must be >= 0, received {args.alpha}")
+    if args.quantize and args.dtype not in (None, "float32"):
+        raise CommandError(f"--quantize {args.quantize} and --dtype {args.dtype} are "
+                           "alternatives: int8 weights or bf16 weights")
     if args.max_extra_length is not None and args.max_extra_length < 0:
         raise CommandError("--max-extra-length must be >= 0, received "
                            f"{args.max_extra_length}")
@@ -285,7 +288,7 @@ def _load_saved_model(args):
 
 def _load_run(args, batch_size):
     from keras_transformer.config import DecodingOptions
-    from keras_transformer.model import quantized
+    from keras_transformer.model import quantized, with_dtype
     from keras_transformer.runs import load_run
     from keras_transformer.translate import Translator
 
@@ -294,14 +297,17 @@ def _load_run(args, batch_size):
     model, tokenizer = load_run(run_dir, None if weights == "final" else weights)
     if args.quantize:
         model = quantized(model, args.quantize)
+    if args.dtype and args.dtype != "float32":
+        model = with_dtype(model, args.dtype)
     options = DecodingOptions().replace(beam_size=1 if args.greedy else args.beam_size,
                                         alpha=args.alpha,
                                         max_extra_length=args.max_extra_length)
     translator = Translator(model, tokenizer, options, batch_size=batch_size)
     decoding = "greedy" if options.greedy else f"beam {options.beam_size}"
-    int8 = f", {args.quantize} weights" if args.quantize else ""
+    stored = args.quantize or (args.dtype if args.dtype not in (None, "float32") else None)
+    stored = f", {stored} weights" if stored else ""
     return (translator_translate_fn(translator),
-            f"{run_dir}, weights {weights}{int8}, {decoding}, alpha {options.alpha}")
+            f"{run_dir}, weights {weights}{stored}, {decoding}, alpha {options.alpha}")
 
 
 def run_translate(args):
@@ -379,6 +385,9 @@ def add_parser(commands):
                           f"{decoding.max_extra_length})")
     run.add_argument("--quantize", choices=names.KERAS_QUANTIZATIONS,
                      help="decode with int8 weights (Keras' model.quantize on a copy)")
+    run.add_argument("--dtype", choices=names.DECODING_DTYPES,
+                     help="decode in this dtype, weights and arithmetic (default float32; "
+                          "bfloat16: a bf16 copy, keras_transformer.model.with_dtype)")
     t.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     t.set_defaults(func=run_translate)
     return t
