@@ -272,8 +272,11 @@ def test_script_mixed_bfloat16_without_reference_on_cpu(tmp_path):
     assert keras_side["tokens_per_second_per_device"] == keras_side["tokens_per_second"]
     assert keras_side["device_memory"] == "n/a (CPU)"
     assert keras_side["device_memory_bytes"] is None
-    assert 0 < keras_side["fraction_of_peak"] == pytest.approx(
-        keras_side["gflops"] / result["matmul_peak_gflops"])
+    # The side computes in bf16: its fraction is of the bf16 matmul peak, not float32's.
+    assert keras_side["matmul_dtype"] == "bfloat16"
+    bf16_peak = result["compute_matmul_peaks"]["bfloat16"]
+    assert bf16_peak == keras_side["matmul_peak_gflops"] > 0
+    assert 0 < keras_side["fraction_of_peak"] == pytest.approx(keras_side["gflops"] / bf16_peak)
     assert np.isfinite([r["loss"] for r in keras_side["rounds"]]).all()
     assert "[mixed_bfloat16]" in printed and "device memory peak n/a (CPU)" in printed
     assert "torch reference skipped" in printed

@@ -30,6 +30,7 @@ def _fake_cpu(monkeypatch, tmp_path, flags):
     monkeypatch.setattr(precision, "gpu_bf16", lambda backend=None: None)
 
 
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
 def test_cpu_flags_reads_the_flags_line(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {ZEN4_FLAGS}\n")
@@ -37,6 +38,7 @@ def test_cpu_flags_reads_the_flags_line(tmp_path):
     assert precision.cpu_flags(tmp_path / "absent") == frozenset()  # not Linux: no flags
 
 
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
 @pytest.mark.parametrize("backend", ["tensorflow", "torch"])
 def test_auto_is_bf16_on_a_cpu_with_avx512_bf16_under_onednn_backends(
         monkeypatch, tmp_path, backend):
@@ -46,11 +48,13 @@ def test_auto_is_bf16_on_a_cpu_with_avx512_bf16_under_onednn_backends(
     assert "avx512_bf16" in chosen.reason and backend in chosen.reason
 
 
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
 def test_auto_takes_amx_bf16_too(monkeypatch, tmp_path):
     _fake_cpu(monkeypatch, tmp_path, "avx512f amx_bf16 amx_tile")
     assert resolve("auto", backend="tensorflow").policy == "mixed_bfloat16"
 
 
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_auto_is_float32_on_a_cpu_without_bf16_instructions(monkeypatch, tmp_path, backend):
     _fake_cpu(monkeypatch, tmp_path, SKYLAKE_FLAGS)
@@ -59,12 +63,14 @@ def test_auto_is_float32_on_a_cpu_without_bf16_instructions(monkeypatch, tmp_pat
     assert "no bf16 instructions" in chosen.reason and "slower" in chosen.reason
 
 
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
 def test_auto_is_float32_under_jax_whose_xla_cpu_gains_nothing(monkeypatch, tmp_path):
     _fake_cpu(monkeypatch, tmp_path, ZEN4_FLAGS)
     chosen = resolve("auto", backend="jax")
     assert chosen.policy == "float32" and "XLA:CPU" in chosen.reason
 
 
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
 @pytest.mark.parametrize("gpu, policy", [(("NVIDIA H100", True), "mixed_bfloat16"),
                                          (("Tesla V100", False), "float32")])
 def test_auto_on_a_gpu_follows_its_bf16_units(monkeypatch, tmp_path, gpu, policy):
@@ -74,6 +80,7 @@ def test_auto_on_a_gpu_follows_its_bf16_units(monkeypatch, tmp_path, gpu, policy
     assert chosen.policy == policy and gpu[0] in chosen.reason
 
 
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
 def test_explicit_settings_are_taken_as_given(monkeypatch, tmp_path):
     _fake_cpu(monkeypatch, tmp_path, SKYLAKE_FLAGS)
     assert resolve("none").policy == "float32"
@@ -83,6 +90,7 @@ def test_explicit_settings_are_taken_as_given(monkeypatch, tmp_path):
         resolve("bf16")
 
 
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
 def test_the_settings_offer_every_choice_of_resolve():
     from keras_transformer.settings import Settings
 
