@@ -232,17 +232,27 @@ def with_dtype(model, dtype):
     if dtype not in DECODING_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DECODING_DTYPES)}, "
                          f"received {dtype!r}")
-    if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a keras_transformer.Transformer, received "
-                        f"{type(model).__name__}")
-    if getattr(model.target_embedding, "quantization_mode", None):
-        raise ValueError(f"the model is quantized ({model.target_embedding.quantization_mode}); "
-                         "cast the float model, then quantize")
+    _check_float_transformer(model, "the model is quantized ({mode}); cast the float model, "
+                                    "then quantize")
     with policy_scope(dtype):
         copy = Transformer(model.config, name=model.name)
     copy.set_weights([keras.ops.convert_to_numpy(keras.ops.cast(w, "float32"))
                       for w in model.weights])
     return copy
+
+
+def _check_float_transformer(model, quantized_message):
+    """Raise unless `model` is a `Transformer` with float (unquantized) weights.
+
+    `quantized_message` is the error's text, with `{mode}` for the model's
+    quantization mode.
+    """
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a keras_transformer.Transformer, received "
+                        f"{type(model).__name__}")
+    mode = getattr(model.target_embedding, "quantization_mode", None)
+    if mode:
+        raise ValueError(quantized_message.format(mode=mode))
 
 
 QUANTIZATION_MODES = names.KERAS_QUANTIZATIONS
@@ -276,12 +286,7 @@ def quantized(model, mode="int8"):
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"quantization mode must be one of {', '.join(QUANTIZATION_MODES)}, "
                          f"received {mode!r}")
-    if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a keras_transformer.Transformer, received "
-                        f"{type(model).__name__}")
-    if getattr(model.target_embedding, "quantization_mode", None):
-        raise ValueError(f"the model is quantized already "
-                         f"({model.target_embedding.quantization_mode})")
+    _check_float_transformer(model, "the model is quantized already ({mode})")
     copy = Transformer(model.config, name=model.name)
     copy.set_weights(model.get_weights())
     with warnings.catch_warnings():

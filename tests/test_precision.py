@@ -11,7 +11,7 @@ import pytest
 from conftest import subprocess_env, tiny_train_command
 
 from keras_transformer import build_model, precision, runs
-from keras_transformer.model import with_dtype
+from keras_transformer.model import quantized, with_dtype
 from keras_transformer.precision import policy_scope, resolve
 
 # --- the policy "auto" picks -----------------------------------------------------------
@@ -185,6 +185,8 @@ def test_with_dtype_copies_and_casts_the_weights(tiny_config):
     assert keras.config.dtype_policy().name == "float32"
     with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16"):
         with_dtype(model, "float16")
+    with pytest.raises(ValueError, match=r"quantized \(int8\); cast the float model, then"):
+        with_dtype(quantized(model, "int8"), "bfloat16")
 
 
 # --- a run continues across policies ---------------------------------------------------
