@@ -115,9 +115,8 @@ class Settings:
         "whatever the device count and --grad-accum-steps; the paper: 25000")
     bucket_multiple: int = _field(
         8, "training", "batch lengths (the length buckets' bounds) are multiples of this: "
-        "8 suits accelerators; 2 pads less on a CPU (on Multi30k 91% of the target slots "
-        "hold tokens instead of 77%: about 18% more tokens/s), with more batch shapes to "
-        "trace or compile")
+        "8 suits accelerators; 2 pads less on a CPU (more of each batch's slots hold tokens; "
+        "figures in the README's Results), with more batch shapes to trace or compile")
     grad_accum_steps: int = _field(1, "training", "micro-batches per update (the "
                                    "micro-batch is tokens-per-batch / this)")
     learning_rate_factor: float = _field(1.0, "training", "multiplies the paper's "

@@ -101,9 +101,9 @@ def add_parser(commands):
                         "model.quantize); any of these for ctranslate2")
     e.add_argument("--dtype", choices=names.DECODING_DTYPES,
                    help="saved_model: the weights' and arithmetic's dtype (default float32); "
-                        "bfloat16 runs on any CPU but is fast only where it has avx512_bf16 or "
-                        "amx_bf16 (about half float32's speed on AVX-512 CPUs without them, "
-                        "docs/bf16.md); CTranslate2 takes --quantize bfloat16")
+                        "bfloat16 runs on any CPU but is faster than float32 only where it has "
+                        "avx512_bf16 or amx_bf16 (figures: docs/bf16.md); CTranslate2 takes "
+                        "--quantize bfloat16")
     e.add_argument("--export-dir", default=names.EXPORT_ROOT,
                    help=f"base folder (default {names.EXPORT_ROOT}): <export-dir>/<model-name>/"
                         "<version>/ for a SavedModel, <export-dir>/<model-name>-ct2"
