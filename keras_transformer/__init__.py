@@ -8,7 +8,25 @@ read without importing them at all.
 
 import importlib
 
-__version__ = "0.1.0"
+
+def _version():
+    """The version pyproject.toml gives: the installed package's metadata, or
+    the file itself in a source tree that is not installed."""
+    import importlib.metadata
+    import pathlib
+    import tomllib
+
+    try:
+        return importlib.metadata.version("keras-transformer")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
+__version__ = _version()
 
 _EXPORTS = {
     "keras_transformer.config": ["DecodingOptions", "TransformerConfig", "length_penalty"],
@@ -17,7 +35,7 @@ _EXPORTS = {
                                  "PaddingMask", "PositionalEncoding", "SharedEmbedding",
                                  "TransformerDecoder", "TransformerEncoder"],
     "keras_transformer.losses": ["LabelSmoothedCrossEntropy", "MaskedAccuracy"],
-    "keras_transformer.model": ["Transformer", "build_model", "quantized"],
+    "keras_transformer.model": ["Transformer", "build_model", "quantized", "with_dtype"],
     "keras_transformer.plotting": ["plot_attention"],
     "keras_transformer.schedules": ["TransformerSchedule"],
     "keras_transformer.runs": ["list_checkpoints"],

@@ -175,7 +175,8 @@ def test_quick_start_is_the_two_commands(readme):
     assert 'pip install -e ".[test]" && bash tests/run_all_backends.sh' in readme
 
 
-@pytest.mark.parametrize("path", ["docs/serving.md", "docs/bf16.md", "saved_models/README.md"])
+@pytest.mark.parametrize("path", ["docs/serving.md", "docs/bf16.md", "saved_models/README.md",
+                                  "CHANGELOG.md"])
 def test_other_docs_use_existing_flags(path, options):
     text = (REPO / path).read_text(encoding="utf-8")
     problems = [p for p in readme_problems(text, options, table=settings_table(text) or "")
@@ -191,6 +192,19 @@ def test_every_command_prints_its_help():
         text = command.format_help()
         for action in command._actions:
             assert all(option in text for option in action.option_strings), (name, action)
+
+
+def test_the_version_is_pyprojects_and_the_command_prints_it(capsys):
+    import tomllib
+
+    import keras_transformer
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert keras_transformer.__version__ == pyproject["project"]["version"]
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"{PROG} {pyproject['project']['version']}\n"
 
 
 def test_a_literal_percent_in_a_settings_help_is_shown_as_written(monkeypatch):

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+import keras_transformer
 from keras_transformer.commands import (average, evaluate, export, prepare, train,
                                         translate)
 from keras_transformer.commands.common import PROG, CommandError, quiet_tensorflow
@@ -25,6 +26,8 @@ COMMANDS = (prepare, train, evaluate, average, translate, export)
 
 def build_parser():
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {keras_transformer.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parser(commands)
