@@ -24,7 +24,7 @@ export's peak is compared with. The processes share the machine with
 whatever else runs; each line of the log says how many cores other
 processes kept busy meanwhile.
 
-Usage (the README's figures):
+Usage (the figures of docs/results.md):
 
     git worktree add /tmp/before <commit before the change>
     python examples/benchmark_export.py --system before /tmp/before --system after . \\

@@ -31,7 +31,7 @@ matmul GFLOP/s (`benchmark_training.matmul_peak_gflops`) is printed first.
 All variants train the same model in turn, so the figures share the
 machine's state; a busy machine still moves them, so compare within a run.
 
-Usage (the README's figures: round 1's recipe, buckets in steps of 8, against 2;
+Usage (the figures of docs/results.md: round 1's recipe, buckets in steps of 8, against 2;
 the recipe's updates in float32 and in bf16):
 
     python examples/benchmark_training_job.py --config configs/multi30k_search/small.toml \

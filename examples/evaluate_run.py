@@ -1,7 +1,7 @@
 """Score a training run: its weights (final, averaged, best, last, ckpt-N), beam vs greedy, several test sets.
 
 A thin wrapper of `keras-transformer evaluate` (every flag of that command
-works here too; see README.md):
+works here too; see docs/evaluation.md):
 
     python examples/evaluate_run.py --run runs/multi30k_small \
         --data ../shared/data/multi30k --splits test test_2017_flickr test_2017_mscoco \

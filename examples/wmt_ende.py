@@ -1,7 +1,7 @@
 """Train and evaluate the Transformer on English-German, end to end.
 
 A thin wrapper of `keras-transformer train` (every flag of that command
-works here too; see README.md):
+works here too; see docs/training.md):
 
     # Offline quick start (a few minutes on 2 CPU cores):
     python examples/wmt_ende.py --data demo --preset tiny

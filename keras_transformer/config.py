@@ -49,8 +49,10 @@ class TransformerConfig:
             LayerNorm(x + Dropout(Sublayer(x))); `True` is pre-norm,
             x + Dropout(Sublayer(LayerNorm(x))) with a final LayerNorm.
         layer_norm_epsilon: epsilon of every LayerNormalization.
-        pad_id, bos_id, eos_id, unk_id: special token ids shared with the
-            tokenizer. The pad id must be 0.
+        pad_id: the padding id, shared with the tokenizer; it must be 0.
+        bos_id: the begin-of-sentence id, shared with the tokenizer.
+        eos_id: the end-of-sentence id, shared with the tokenizer.
+        unk_id: the unknown-piece id, shared with the tokenizer.
 
     Example:
 
@@ -254,7 +256,7 @@ PRESETS = {
                  label_smoothing=0.1, warmup_steps=4000),
     "big": dict(num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3,
                 label_smoothing=0.1, warmup_steps=4000),
-    # CPU-sized models (see README for parameter counts). Shorter warm-up since
+    # CPU-sized models (parameter counts: docs/training.md). Shorter warm-up since
     # they train for thousands, not hundreds of thousands, of steps.
     "small": dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1,
                   label_smoothing=0.1, warmup_steps=1000, vocab_size=8000),

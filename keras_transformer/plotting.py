@@ -33,8 +33,9 @@ def plot_attention(attention, path, *, kind="cross", layer=-1, heads=None,
             self-attention).
         layer: with a record, the layer index (default the last one).
         heads: head indices to draw (default all).
-        query_tokens, key_tokens: axis labels (taken from the record when
-            not given; required-length lists for an array).
+        query_tokens: the query axis' labels (taken from the record when
+            not given; a list of the right length for an array).
+        key_tokens: the key axis' labels, likewise.
         columns: heads per row of the figure.
         title: figure title (default: the kind and layer).
         cell_size: inches per token on each axis.

@@ -116,7 +116,7 @@ class Settings:
     bucket_multiple: int = _field(
         8, "training", "batch lengths (the length buckets' bounds) are multiples of this: "
         "8 suits accelerators; 2 pads less on a CPU (more of each batch's slots hold tokens; "
-        "figures in the README's Results), with more batch shapes to trace or compile")
+        "figures in docs/results.md), with more batch shapes to trace or compile")
     grad_accum_steps: int = _field(1, "training", "micro-batches per update (the "
                                    "micro-batch is tokens-per-batch / this)")
     learning_rate_factor: float = _field(1.0, "training", "multiplies the paper's "
@@ -457,7 +457,7 @@ def check_unchanged(saved, new):
 
 
 def markdown_table():
-    """The README's table of `train` settings: flag, config section, default, meaning."""
+    """The table of `train` settings (docs/training.md): flag, config section, default, meaning."""
     lines = ["| flag | config file | default | meaning |", "|---|---|---|---|"]
     for f in job_fields():
         default = f.default

@@ -101,7 +101,7 @@ def tiny_train_command(corpus, run_dir, *extra):
 # module file names; a test of those modules that does use the current
 # backend is marked `every_backend` (it always runs).
 BACKEND_INDEPENDENT_MODULES = {
-    # README text against the argparse parsers and settings.markdown_table().
+    # the documentation's text against the argparse parsers and settings.markdown_table().
     "test_readme.py",
     # Pure-Python demo corpus generator (its CLI subprocess writes text only).
     "test_data_demo.py",

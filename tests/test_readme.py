@@ -1,16 +1,25 @@
-"""The README's commands against the real command line, and its Python API block run.
+"""The documentation's commands against the real command line, its Python API block run.
 
-- every `--flag` the README passes to a command is an option of that
+The documentation is README.md, the pages of docs/ (the MkDocs site,
+mkdocs.yml), CHANGELOG.md and saved_models/README.md:
+
+- every `--flag` a page passes to a command is an option of that
   sub-command (`keras-transformer <cmd>`, `python -m keras_transformer <cmd>`,
   `python examples/wmt_ende.py` = train, `python examples/evaluate_run.py` =
   evaluate), in fenced code blocks (continuation lines ending in `\\`
   included) and in inline code spans; so is every flag of the settings table;
-- no option of any sub-command is missing from the README;
-- the settings table between its markers is `settings.markdown_table()`;
-- the "Python API" block between its markers runs as it is (slow: it trains).
+- no option of any sub-command is missing from the documentation;
+- the settings table between its markers (docs/training.md) is
+  `settings.markdown_table()`;
+- README.md stays a front page (at most 250 lines), and the API reference
+  (docs/api.md) lists every name of `keras_transformer.__all__`;
+- the README's "Python API" block, which docs/api.md includes, runs as it is
+  (slow: it trains).
 
-`readme_problems(text)` returns the problems as sentences naming the flag
-and the command; the tests run it on the real README and on doctored copies.
+`command_problems(text)`, `omitted_options(texts)` and `table_problems(text)`
+return the problems as sentences naming the flag and the command; the tests
+run them on the real pages and on doctored copies. CI builds the site with
+`mkdocs build --strict` (broken links, anchors and references fail it).
 """
 
 import argparse
@@ -26,6 +35,11 @@ from keras_transformer.commands import PROG, build_parser
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+SETTINGS_PAGE = REPO / "docs" / "training.md"
+# Every page of the documentation, README.md first.
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md")), REPO / "CHANGELOG.md",
+         REPO / "saved_models" / "README.md"]
+README_MAX_LINES = 250
 TABLE_START = "<!-- settings-table:start -->"
 TABLE_END = "<!-- settings-table:end -->"
 
@@ -107,19 +121,17 @@ def invocations(text):
     return found
 
 
-def readme_problems(text, options=None, table=None):
-    """What is wrong with README text, as sentences naming the flag and the command.
+def command_problems(text, options=None):
+    """The commands of one page that are not commands or pass unknown flags.
 
     Args:
-        text: the README's text.
+        text: the page's Markdown.
         options: `command_options()`, computed when None.
-        table: the expected settings table, `settings.markdown_table()` when None.
 
     Returns:
-        A list of problems; empty when the README is right.
+        A list of problems as sentences; empty when every command is right.
     """
     options = command_options() if options is None else options
-    table = settings.markdown_table() if table is None else table
     problems = []
     for command, flags, snippet in invocations(text):
         if command is None or command.startswith("<"):  # no command, or a placeholder
@@ -131,23 +143,39 @@ def readme_problems(text, options=None, table=None):
         for flag in flags:
             if flag != "--help" and flag not in options[command]:
                 problems.append(f"{flag} is not an option of `{PROG} {command}`: {snippet!r}")
+    return problems
+
+
+def table_problems(text, options=None, table=None):
+    """What is wrong with the settings table of a page (its markers, flags, content).
+
+    Args:
+        text: the page's Markdown.
+        options: `command_options()`, computed when None.
+        table: the expected table, `settings.markdown_table()` when None.
+    """
+    options = command_options() if options is None else options
+    table = settings.markdown_table() if table is None else table
     pasted = settings_table(text)
     if pasted is None:
-        problems.append(f"the settings table markers {TABLE_START} / {TABLE_END} are missing")
-    else:
-        for flag in sorted(set(_FLAG.findall(pasted))):
-            if flag not in options.get("train", ()):
-                problems.append(f"{flag} (settings table) is not an option of "
-                                f"`{PROG} train`")
-        if pasted != table:
-            problems.append("the settings table differs from settings.markdown_table(); "
-                            "paste the output of python -c \"from keras_transformer.settings "
-                            "import markdown_table; print(markdown_table())\"")
-    for command, names in sorted(options.items()):
-        for flag in sorted(names):
-            if not re.search(re.escape(flag) + r"(?![\w-])", text):
-                problems.append(f"the README omits {flag} of `{PROG} {command}`")
+        return [f"the settings table markers {TABLE_START} / {TABLE_END} are missing"]
+    problems = [f"{flag} (settings table) is not an option of `{PROG} train`"
+                for flag in sorted(set(_FLAG.findall(pasted)))
+                if flag not in options.get("train", ())]
+    if pasted != table:
+        problems.append("the settings table differs from settings.markdown_table(); "
+                        "paste the output of python -c \"from keras_transformer.settings "
+                        "import markdown_table; print(markdown_table())\"")
     return problems
+
+
+def omitted_options(texts, options=None):
+    """The options of any sub-command that no text mentions."""
+    options = command_options() if options is None else options
+    text = "\n".join(texts)
+    return [f"the documentation omits {flag} of `{PROG} {command}`"
+            for command, names in sorted(options.items()) for flag in sorted(names)
+            if not re.search(re.escape(flag) + r"(?![\w-])", text)]
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +188,30 @@ def options():
     return command_options()
 
 
-def test_readme_flags_exist_none_is_omitted_and_the_table_is_current(readme, options):
-    problems = readme_problems(readme, options)
-    assert not problems, "README.md:\n" + "\n".join(problems)
+@pytest.mark.parametrize("path", [str(p.relative_to(REPO)) for p in PAGES])
+def test_every_page_uses_existing_commands_and_flags(path, options):
+    problems = command_problems((REPO / path).read_text(encoding="utf-8"), options)
+    assert not problems, f"{path}:\n" + "\n".join(problems)
+
+
+def test_no_option_is_left_out_of_the_documentation(options):
+    problems = omitted_options([p.read_text(encoding="utf-8") for p in PAGES], options)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_settings_table_is_current(options):
+    problems = table_problems(SETTINGS_PAGE.read_text(encoding="utf-8"), options)
+    assert not problems, f"{SETTINGS_PAGE.relative_to(REPO)}:\n" + "\n".join(problems)
+
+
+def test_the_readme_is_a_front_page_that_links_every_page(readme):
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", readme))
+    site = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    in_nav = set(re.findall(r"^\s+- (?:[^:\n]+: )?([\w./-]+\.md)\s*$", site, re.MULTILINE))
+    assert in_nav and {f"docs/{page}" for page in in_nav} - {"docs/index.md"} <= linked | {
+        "docs/multi30k_recipe_search.md", "docs/multi30k_recipe_search_round1.md"}
+    assert all((REPO / page).is_file() for page in linked)
 
 
 def test_readme_invokes_every_command(readme, options):
@@ -175,13 +224,19 @@ def test_quick_start_is_the_two_commands(readme):
     assert 'pip install -e ".[test]" && bash tests/run_all_backends.sh' in readme
 
 
-@pytest.mark.parametrize("path", ["docs/serving.md", "docs/bf16.md", "saved_models/README.md",
-                                  "CHANGELOG.md"])
-def test_other_docs_use_existing_flags(path, options):
-    text = (REPO / path).read_text(encoding="utf-8")
-    problems = [p for p in readme_problems(text, options, table=settings_table(text) or "")
-                if "omits" not in p and "settings table" not in p]
-    assert not problems, f"{path}:\n" + "\n".join(problems)
+def test_the_api_reference_lists_every_public_name_and_the_readme_block():
+    import keras_transformer
+
+    api = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    missing = [name for name in keras_transformer.__all__
+               if f"::: {keras_transformer._MODULE_OF[name]}.{name}\n" not in api]
+    assert not missing, f"docs/api.md lacks {missing}"
+    # The page includes the README's block (pymdownx.snippets) between these markers.
+    assert '--8<-- "README.md:python-api"' in api
+    readme = README.read_text(encoding="utf-8")
+    start = readme.index("--8<-- [start:python-api]")
+    assert start < readme.index("<!-- python-api:start -->") < readme.index(
+        "<!-- python-api:end -->") < readme.index("--8<-- [end:python-api]")
 
 
 def test_every_command_prints_its_help():
@@ -220,11 +275,10 @@ def test_a_literal_percent_in_a_settings_help_is_shown_as_written(monkeypatch):
 
 
 def test_a_bogus_flag_is_reported_with_its_command(readme, options):
-    doctored = readme.replace("keras-transformer export --run runs/demo_tiny --weights best",
-                              "keras-transformer export --run runs/demo_tiny --weights best "
-                              "--no-such-flag", 1)
+    doctored = readme.replace("keras-transformer export --run runs/demo_tiny",
+                              "keras-transformer export --run runs/demo_tiny --no-such-flag", 1)
     assert doctored != readme
-    problems = readme_problems(doctored, options)
+    problems = command_problems(doctored, options)
     assert len(problems) == 1, problems
     assert "--no-such-flag" in problems[0] and f"`{PROG} export`" in problems[0]
 
@@ -235,26 +289,28 @@ def test_a_flag_on_a_continuation_line_or_inline_is_checked(options):
             "    --beam-sizes 4 1 --bogus-one\n```\n"
             "and inline `python examples/wmt_ende.py --data demo --bogus-two` or "
             "`python -m keras_transformer average --run r\n--bogus-three`.\n")
-    problems = [p for p in readme_problems(text, options) if "omits" not in p]
+    problems = command_problems(text, options) + table_problems(text, options)
     assert len(problems) == 3, problems
     assert "--bogus-one is not an option of `keras-transformer evaluate`" in problems[0]
     assert "--bogus-two is not an option of `keras-transformer train`" in problems[1]
     assert "--bogus-three is not an option of `keras-transformer average`" in problems[2]
 
 
-def test_an_omitted_flag_is_reported(readme, options):
-    doctored = re.sub(r"--max-source-length(?![\w-])", "", readme)
-    problems = readme_problems(doctored, options)
-    assert problems == [f"the README omits --max-source-length of `{PROG} export`"]
+def test_an_omitted_flag_is_reported(options):
+    texts = [re.sub(r"--max-source-length(?![\w-])", "", p.read_text(encoding="utf-8"))
+             for p in PAGES]
+    problems = omitted_options(texts, options)
+    assert problems == [f"the documentation omits --max-source-length of `{PROG} export`"]
 
 
-def test_a_drifted_settings_table_is_reported(readme, options):
-    doctored = readme.replace("| `--seed` | `[run] seed` | 0 |", "| `--seed` | `[run] seed` | 1 |")
-    assert doctored != readme
-    problems = readme_problems(doctored, options)
+def test_a_drifted_settings_table_is_reported(options):
+    page = SETTINGS_PAGE.read_text(encoding="utf-8")
+    doctored = page.replace("| `--seed` | `[run] seed` | 0 |", "| `--seed` | `[run] seed` | 1 |")
+    assert doctored != page
+    problems = table_problems(doctored, options)
     assert len(problems) == 1 and "settings table differs" in problems[0], problems
-    no_markers = readme.replace(TABLE_START, "")
-    assert any("markers" in p for p in readme_problems(no_markers, options))
+    no_markers = page.replace(TABLE_START, "")
+    assert any("markers" in p for p in table_problems(no_markers, options))
 
 
 @pytest.mark.slow

@@ -541,7 +541,9 @@ def write_demo_corpus(output_dir, *, seed=0, num_train=50_000, num_valid=1_000,
     Args:
         output_dir: the folder (created if needed).
         seed: the random seed; the same seed writes the same files.
-        num_train, num_valid, num_test: pairs per split.
+        num_train: training pairs.
+        num_valid: validation pairs.
+        num_test: test pairs.
 
     Returns:
         A dict `{"train": (en_path, de_path), "valid": ..., "test": ...}` of

@@ -180,9 +180,9 @@ def load_parallel_text(source_path, target_path):
 
     Example:
 
-    >>> pairs = load_parallel_text("multi30k/train.en", "multi30k/train.de")
-    >>> len(pairs), pairs[0][0]
-    (29000, 'Two young, White males are outside near many bushes.')
+        >>> pairs = load_parallel_text("multi30k/train.en", "multi30k/train.de")
+        >>> len(pairs), pairs[0][0]
+        (29000, 'Two young, White males are outside near many bushes.')
     """
     source_path, target_path = pathlib.Path(source_path), pathlib.Path(target_path)
     sources, targets, dropped = [], [], []
@@ -213,7 +213,8 @@ def write_parallel_text(pairs, source_path, target_path):
         pairs: an iterable of `(source, target)` strings, e.g. a
             `ParallelText` or `load_wmt14(...)` converted with
             `.as_numpy_iterator()` (bytes are decoded as UTF-8).
-        source_path, target_path: the files to write (parents created).
+        source_path: the source file to write (parents created).
+        target_path: the target file to write (parents created).
 
     Returns:
         The number of pairs written.

@@ -23,8 +23,7 @@ class DecoderLayer(_SublayerMixin, layers.Layer):
     `compute_cross_attention_cache`) instead of recomputing the encoder keys
     and values at every step. The layer then returns `(outputs, new_cache)`.
 
-    Args:
-        Same as `EncoderLayer`.
+    Its arguments are `EncoderLayer`'s.
 
     Call arguments:
         inputs: `(batch, T, d_model)` target-side inputs.

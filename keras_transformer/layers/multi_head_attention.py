@@ -44,7 +44,8 @@ class MultiHeadAttention(layers.Layer):
         dropout: dropout rate on the attention weights.
         output_dim: width of the output; defaults to the query width.
         use_bias: whether the four projections have biases.
-        kernel_initializer, bias_initializer: initializers of the projections.
+        kernel_initializer: initializer of the projections' kernels.
+        bias_initializer: initializer of the projections' biases.
 
     Call arguments:
         query: `(batch, T_q, d_query)`.

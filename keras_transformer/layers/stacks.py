@@ -89,7 +89,9 @@ class TransformerEncoder(_StackMixin, layers.Layer):
         num_layers: N.
         max_length: size of the learned position table (if learned).
         position_embedding: `"sinusoidal"` or `"learned"`.
-        Others: as `EncoderLayer`.
+        num_heads: as `EncoderLayer`'s, and so are `key_dim`, `value_dim`,
+            `d_ff`, `dropout`, `attention_dropout`, `activation_dropout`,
+            `norm_first` and `layer_norm_epsilon`.
 
     Call arguments:
         embeddings: `(batch, S, d_model)`.
@@ -144,8 +146,7 @@ class TransformerDecoder(_StackMixin, layers.Layer):
     ...                    self_attention_cache=cache, cross_attention_cache=cross,
     ...                    cache_update_index=t)
 
-    Args:
-        Same as `TransformerEncoder`.
+    Its arguments are `TransformerEncoder`'s.
 
     Call arguments:
         embeddings: `(batch, T, d_model)` target embeddings.
