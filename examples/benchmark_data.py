@@ -186,7 +186,10 @@ def main(argv=None):
                         help="stop each pipeline epoch after this many batches (0: whole)")
     parser.add_argument("--skip-startup", action="store_true")
     parser.add_argument("--json", help="also write the figures here")
-    parser.add_argument("--pipeline-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--pipeline-worker", metavar="PREPARED",
+                        help="only the streaming pipeline over this prepared folder, in "
+                             "this process (--tokens-per-batch, --max-length, --epochs, "
+                             "--max-batches), printed as JSON: what each step's worker runs")
     args = parser.parse_args(argv)
     if args.pipeline_worker:
         return pipeline_worker(args.pipeline_worker, args)

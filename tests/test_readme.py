@@ -8,6 +8,8 @@ mkdocs.yml), CHANGELOG.md and saved_models/README.md:
   `python examples/wmt_ende.py` = train, `python examples/evaluate_run.py` =
   evaluate), in fenced code blocks (continuation lines ending in `\\`
   included) and in inline code spans; so is every flag of the settings table;
+- every other `python examples/<script>.py [sub-command]` a page runs exists
+  and takes the flags it passes (as that script's `--help` lists them);
 - no option of any sub-command is missing from the documentation;
 - the settings table between its markers (docs/training.md) is
   `settings.markdown_table()`;
@@ -24,6 +26,7 @@ run them on the real pages and on doctored copies. CI builds the site with
 
 import argparse
 import copy
+import functools
 import pathlib
 import re
 import types
@@ -121,6 +124,69 @@ def invocations(text):
     return found
 
 
+# `python examples/<script>.py ...`, other than the two wrappers of sub-commands above.
+_SCRIPT = re.compile(r"python3? (?:\./)?examples/(\w+)\.py(?=\s|$)")
+_WRAPPERS = ("wmt_ende", "evaluate_run")
+
+
+@functools.lru_cache(maxsize=None)
+def script_options(script, subcommand=None):
+    """`(options, subcommands)` that `python examples/SCRIPT.py [SUBCOMMAND] --help` prints.
+
+    `options` is the set of `--flags` the help names; `subcommands` the
+    choices of its usage line's `{a,b}` (empty without sub-commands). `None`
+    when the script does not exist or its `--help` fails.
+    """
+    import subprocess
+    import sys
+
+    path = REPO / "examples" / f"{script}.py"
+    if not path.is_file():
+        return None
+    result = subprocess.run([sys.executable, str(path), *([subcommand] if subcommand else []),
+                             "--help"], capture_output=True, text=True, timeout=120,
+                            cwd=REPO)
+    if result.returncode != 0:
+        return None
+    # Sub-commands are the first positional argument: "positional arguments:\n  {a,b}".
+    choices = re.search(r"^positional arguments:\n\s+\{([\w,-]+)\}", result.stdout,
+                        re.MULTILINE)
+    subcommands = frozenset(choices.group(1).split(",")) if choices and not subcommand else (
+        frozenset())
+    return frozenset(_FLAG.findall(result.stdout)), subcommands
+
+
+def script_problems(text):
+    """The `python examples/<script>.py` commands of a page with an unknown script or flag."""
+    problems = []
+    for snippet in _code_snippets(text):
+        for match in _SCRIPT.finditer(snippet):
+            script = match.group(1)
+            if script in _WRAPPERS or not _COMMAND_START.fullmatch(snippet[:match.start()]):
+                continue
+            rest = snippet[match.end():]
+            end = _COMMAND_END.search(rest)
+            words = (rest[:end.start()] if end else rest).split()
+            known = script_options(script)
+            if known is None:
+                problems.append(f"examples/{script}.py does not exist or its --help fails: "
+                                f"{snippet!r}")
+                continue
+            flags, subcommands = known
+            name = f"examples/{script}.py"
+            if subcommands:
+                if not words or words[0] not in subcommands:
+                    problems.append(f"{name} needs one of {sorted(subcommands)}: {snippet!r}")
+                    continue
+                flags, _ = script_options(script, words[0])
+                name, words = f"{name} {words[0]}", words[1:]
+            for word in words:
+                for flag in _FLAG.findall(word.split("=")[0]) if word.startswith("--") else ():
+                    if flag != "--help" and flag not in flags:
+                        problems.append(f"{flag} is not an option of {name}: {snippet!r}")
+    return problems
+
+
 def command_problems(text, options=None):
     """The commands of one page that are not commands or pass unknown flags.
 
@@ -192,6 +258,26 @@ def options():
 def test_every_page_uses_existing_commands_and_flags(path, options):
     problems = command_problems((REPO / path).read_text(encoding="utf-8"), options)
     assert not problems, f"{path}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", [str(p.relative_to(REPO)) for p in PAGES])
+def test_every_page_runs_example_scripts_with_their_flags(path):
+    problems = script_problems((REPO / path).read_text(encoding="utf-8"))
+    assert not problems, f"{path}:\n" + "\n".join(problems)
+
+
+def test_a_bogus_script_flag_or_subcommand_is_reported():
+    text = ("```bash\npython examples/benchmark_training.py --preset small \\\n"
+            "    --no-such-flag\n```\n"
+            "`python examples/recipe_search.py curves --reference a --nope` and "
+            "`python examples/recipe_search.py fly` and `python examples/no_script.py`\n")
+    problems = script_problems(text)
+    assert len(problems) == 4, problems
+    assert problems[0].startswith("--no-such-flag is not an option of "
+                                  "examples/benchmark_training.py")
+    assert problems[1].startswith("--nope is not an option of examples/recipe_search.py curves")
+    assert problems[2].startswith("examples/recipe_search.py needs one of")
+    assert problems[3].startswith("examples/no_script.py does not exist")
 
 
 def test_no_option_is_left_out_of_the_documentation(options):
