@@ -389,8 +389,8 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             arithmetic, `keras_transformer.model.with_dtype`); `"float32"`
             a float32 one; default the translator's model as it is. A bf16
             SavedModel runs on any CPU; without bf16 instructions
-            (avx512_bf16, amx_bf16) it is slower than float32 (0.54x
-            measured on AVX-512 without them, docs/bf16.md).
+            (avx512_bf16, amx_bf16) it is slower than float32 (figures:
+            docs/bf16.md).
         overwrite: replace an existing version folder.
         verbose: print what is written.
 

@@ -103,25 +103,37 @@ def invocations(text):
     None when no word follows (a mention of the program, not a command).
     """
     found = []
+    for snippet, match, words in _programs(text, _INVOCATION):
+        fixed = next(command for (_, command), group in zip(_INVOCATIONS, match.groups())
+                     if group is not None)
+        if fixed is None:
+            command = words[0] if words and not words[0].startswith("-") else None
+            words = words[1:] if command else words
+        else:
+            command = fixed
+        found.append((command, _flags(words), snippet.strip()))
+    return found
+
+
+def _programs(text, program):
+    """`(snippet, match, words)` of each run of `program` (a regex) in the text's code.
+
+    `words` are the command's words after the program, up to a pipe, a list
+    operator or a comment; a match preceded by prose is not a command.
+    """
     for snippet in _code_snippets(text):
-        for match in _INVOCATION.finditer(snippet):
+        for match in program.finditer(snippet):
             if not _COMMAND_START.fullmatch(snippet[:match.start()]):
                 continue
             rest = snippet[match.end():]
             end = _COMMAND_END.search(rest)
-            rest = rest[:end.start()] if end else rest
-            fixed = next(command for (_, command), group in zip(_INVOCATIONS, match.groups())
-                         if group is not None)
-            words = rest.split()
-            if fixed is None:
-                command = words[0] if words and not words[0].startswith("-") else None
-                words = words[1:] if command else words
-            else:
-                command = fixed
-            flags = [flag for word in words for flag in _FLAG.findall(word.split("=")[0])
-                     if word.startswith("--")]
-            found.append((command, flags, snippet.strip()))
-    return found
+            yield snippet, match, (rest[:end.start()] if end else rest).split()
+
+
+def _flags(words):
+    """The `--flags` among a command's words (a `--flag=value` gives its flag)."""
+    return [flag for word in words if word.startswith("--")
+            for flag in _FLAG.findall(word.split("=")[0])]
 
 
 # `python examples/<script>.py ...`, other than the two wrappers of sub-commands above.
@@ -159,31 +171,25 @@ def script_options(script, subcommand=None):
 def script_problems(text):
     """The `python examples/<script>.py` commands of a page with an unknown script or flag."""
     problems = []
-    for snippet in _code_snippets(text):
-        for match in _SCRIPT.finditer(snippet):
-            script = match.group(1)
-            if script in _WRAPPERS or not _COMMAND_START.fullmatch(snippet[:match.start()]):
+    for snippet, match, words in _programs(text, _SCRIPT):
+        script = match.group(1)
+        if script in _WRAPPERS:
+            continue
+        known = script_options(script)
+        if known is None:
+            problems.append(f"examples/{script}.py does not exist or its --help fails: "
+                            f"{snippet!r}")
+            continue
+        flags, subcommands = known
+        name = f"examples/{script}.py"
+        if subcommands:
+            if not words or words[0] not in subcommands:
+                problems.append(f"{name} needs one of {sorted(subcommands)}: {snippet!r}")
                 continue
-            rest = snippet[match.end():]
-            end = _COMMAND_END.search(rest)
-            words = (rest[:end.start()] if end else rest).split()
-            known = script_options(script)
-            if known is None:
-                problems.append(f"examples/{script}.py does not exist or its --help fails: "
-                                f"{snippet!r}")
-                continue
-            flags, subcommands = known
-            name = f"examples/{script}.py"
-            if subcommands:
-                if not words or words[0] not in subcommands:
-                    problems.append(f"{name} needs one of {sorted(subcommands)}: {snippet!r}")
-                    continue
-                flags, _ = script_options(script, words[0])
-                name, words = f"{name} {words[0]}", words[1:]
-            for word in words:
-                for flag in _FLAG.findall(word.split("=")[0]) if word.startswith("--") else ():
-                    if flag != "--help" and flag not in flags:
-                        problems.append(f"{flag} is not an option of {name}: {snippet!r}")
+            flags, _ = script_options(script, words[0])
+            name, words = f"{name} {words[0]}", words[1:]
+        problems.extend(f"{flag} is not an option of {name}: {snippet!r}"
+                        for flag in _flags(words) if flag != "--help" and flag not in flags)
     return problems
 
 
