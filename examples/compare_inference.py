@@ -183,7 +183,7 @@ def prepare(spec):
 def _translator(spec, variant):
     from keras_transformer.config import DecodingOptions
     from keras_transformer.model import quantized, with_dtype
-    from keras_transformer.runs import load_run
+    from keras_transformer.loading import load_run
     from keras_transformer.translate import Translator
 
     import keras

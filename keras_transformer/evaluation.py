@@ -146,7 +146,7 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
                  verbose=True):
     """Scores a run's weights on test splits with sacreBLEU.
 
-    Loads the model and tokenizer of `run_dir` (`runs.load_run`), then for
+    Loads the model and tokenizer of `run_dir` (`loading.load_run`), then for
     every weights name, beam size and split translates
     `<corpus_dir>/<split>.en` and scores it against `<split>.de`.
 
@@ -154,7 +154,7 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         run_dir: a training run folder, e.g. `runs/multi30k_small`.
         corpus_dir: folder with `<split>.en` / `<split>.de` files.
         splits: file stems, e.g. `("test", "test_2017_flickr")`.
-        weights: names understood by `runs.resolve_weights` (`"final"`,
+        weights: names understood by `loading.resolve_weights` (`"final"`,
             `"averaged"`, `"best"`, `"last"`, `"ckpt-2000"`, or paths).
         beam_sizes: 1 is greedy decoding.
         alpha: length penalty of beam search (default `DecodingOptions`'), or
@@ -170,13 +170,13 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         `chrf`, `num_sentences`, `seconds`, `bleu_signature` and
         `chrf_signature`.
     """
-    from keras_transformer import runs
+    from keras_transformer import loading
     from keras_transformer.decoding import DecodingOptions
     from keras_transformer.model import quantized
     from keras_transformer.translate import Translator
 
     run_dir, corpus_dir = pathlib.Path(run_dir), pathlib.Path(corpus_dir)
-    runs.check_run(run_dir)
+    loading.check_run(run_dir)
     files = {}
     for split in splits:
         source, reference = corpus_dir / f"{split}.en", corpus_dir / f"{split}.de"
@@ -185,15 +185,15 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         files[split] = (source, reference)
     alphas = ([DecodingOptions().alpha] if alpha is None else
               [float(a) for a in alpha] if isinstance(alpha, (list, tuple)) else [float(alpha)])
-    weight_paths = {name: runs.resolve_weights(run_dir, name) for name in weights}
-    model, tokenizer = runs.load_run(run_dir)
+    weight_paths = {name: loading.resolve_weights(run_dir, name) for name in weights}
+    model, tokenizer = loading.load_run(run_dir)
     final = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
     rows = []
     for name, path in weight_paths.items():
         if path is None:
             model.set_weights(final)
         else:
-            runs.load_model_weights(model, path)
+            loading.load_model_weights(model, path)
         translator = Translator(quantized(model, quantize) if quantize else model, tokenizer)
         for beam_size, alpha_, (split, (source, reference)) in itertools.product(
                 beam_sizes, alphas, files.items()):

@@ -4,7 +4,7 @@
     results = train(load_settings(given={"data": "demo", "preset": "tiny"}))
 
 `train` runs: `prepare_data` (`data.corpora`) -> the run's vocabulary
-(`RunFolder.adopt_tokenizer`) -> `training.build_training_model` under
+(`run_vocabulary.adopt`) -> `training.build_training_model` under
 `training.get_strategy`'s strategy -> `restore` (backup, or `--init-from`
 weights) -> `fit` on `data.corpora.training_datasets` -> `finalize_weights`
 (average / best / last) -> `evaluate_test` -> `export_run`. The run folder
@@ -23,7 +23,7 @@ import pathlib
 
 import keras
 
-from keras_transformer import runs
+from keras_transformer import files, loading, run_vocabulary, runs
 from keras_transformer.data import corpora
 from keras_transformer.run_callbacks import is_chief
 from keras_transformer.training import peak_memory_mib, plot_training
@@ -37,7 +37,7 @@ def prepare_data(settings, run):
     A run keeps its vocabulary: continuing it, or fine-tuning from
     `--init-from`, encodes the corpus with that vocabulary.
     """
-    tokenizer_file = run.kept_tokenizer(settings.init_from)
+    tokenizer_file = run_vocabulary.kept(run, settings.init_from)
     return corpora.prepare_corpus(
         settings.data, vocab_size=settings.vocab_size, max_length=settings.max_length,
         prepared_dir=settings.prepared_dir, tokenizer_file=tokenizer_file,
@@ -57,20 +57,20 @@ def restore(model, run, settings, strategy=None):
         if settings.init_from:
             source = pathlib.Path(settings.init_from)
             if source.is_dir():
-                source_model, _ = runs.load_run(source)
+                source_model, _ = loading.load_run(source)
                 try:
                     model.set_weights(source_model.get_weights())
                 except ValueError as error:
                     raise runs.RunError(f"--init-from {source}: its model does not fit "
                                         f"this one ({error})") from None
             else:
-                runs.load_model_weights(model, source)
+                loading.load_model_weights(model, source)
             logger.info(f"Initialised from {source}'s weights; a fresh optimizer and "
                         "learning-rate schedule (fine-tuning)")
         return 0
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     with scope:
-        restored = runs.load_state(model, path, update)
+        restored = loading.load_state(model, path, update)
     if restored != update:
         raise runs.RunError(f"{path} holds the optimizer state of update {restored}, "
                             f"not {update}; the file was renamed or is not this run's")
@@ -141,7 +141,7 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     try:
         model.fit(train_ds, epochs=1, steps_per_epoch=remaining * s.grad_accum_steps,
                   shuffle=False, callbacks=[timer, *job_callbacks, *callbacks], verbose=0)
-    except runs.WriteError as error:
+    except files.WriteError as error:
         raise runs.RunError(f"{error}; {run.newest_state_text()}. Free space (or fix the "
                             "folder) and run the same command to continue") from None
     finally:
@@ -196,18 +196,18 @@ def finalize_weights(model, run, settings):
         if checkpoints:
             averaged = run / runs.AVERAGED_FILE
             average_checkpoints(checkpoints, averaged)
-            runs.load_model_weights(model, averaged)
+            loading.load_model_weights(model, averaged)
             used = (f"the average of {len(checkpoints)} checkpoints "
                     f"({', '.join(p.name for p in checkpoints)})")
     elif settings.final_weights == "best":
         best = run.read_best()
         if best is not None and (run / runs.BEST_FILE).is_file():
-            runs.load_model_weights(model, run / runs.BEST_FILE)
+            loading.load_model_weights(model, run / runs.BEST_FILE)
             used = f"the best validation BLEU's ({best['bleu']:.2f} at update {best['update']})"
         else:
             logger.warning("No best.weights.h5 (no validation BLEU measured): using the "
                            "last weights")
-    runs.write_atomically(run.model_file, model.save)
+    files.save_model(model, run.model_file, what=f"writing the final model ({runs.MODEL_FILE})")
     logger.info(f"Final weights: {used} -> {run.model_file}")
     return used
 
@@ -223,7 +223,7 @@ def evaluate_test(translator, run, settings, corpus):
 
 
 def _what_failed(error):
-    if isinstance(error, runs.WriteError):
+    if isinstance(error, files.WriteError):
         return str(error)
     reason = os.strerror(error.errno) if getattr(error, "errno", None) else str(error)
     where = f" {error.filename}" if getattr(error, "filename", None) else ""
@@ -234,7 +234,7 @@ def export_run(translator, run, settings):
     """Stage 9: the TF Serving SavedModel, named after the run folder.
 
     Raises:
-        runs.WriteError: the export could not be written (its partial folder
+        files.WriteError: the export could not be written (its partial folder
             is removed; earlier versions are untouched).
     """
     if not settings.export_dir:
@@ -299,7 +299,7 @@ def _train_in(run, settings, corpus, precision):
     from keras_transformer.translate import Translator
 
     s = settings
-    tokenizer = run.adopt_tokenizer(corpus, s.init_from)
+    tokenizer = run_vocabulary.adopt(run, corpus, s.init_from)
     run.write_json(runs.SETTINGS_FILE, s.to_dict())
     config = s.model_config(vocab_size=tokenizer.vocabulary_size())
 
@@ -361,7 +361,7 @@ def _train_in(run, settings, corpus, precision):
         translator = translator or Translator(model, tokenizer, s.decoding_options())
         result = evaluate_test(translator, run, s, corpus)
         export_path = export_run(translator, run, s)
-    except (runs.WriteError, OSError) as error:
+    except (files.WriteError, OSError) as error:
         update = report.final_update if report else start
         raise runs.RunError(
             f"{_what_failed(error)}; training is complete at update {update} and "
@@ -394,7 +394,7 @@ def _train_in(run, settings, corpus, precision):
     }
     try:
         run.write_json(runs.RESULTS_FILE, summary)
-    except runs.WriteError as error:
+    except files.WriteError as error:
         raise runs.RunError(f"{error}; the run is otherwise complete: run the same command "
                             "to write it") from None
     logger.info(f"{'Test' if s.eval_split == 'test' else 'Validation'} BLEU "

@@ -93,8 +93,9 @@ import tensorflow as tf
 from keras_transformer import names
 from keras_transformer.config import DecodingOptions
 from keras_transformer.model import DECODING_DTYPES, QUANTIZATION_MODES, quantized, with_dtype
-from keras_transformer.runs import (RunError, WriteError, check_run, load_run,
-                                    resolve_weights)
+from keras_transformer.files import WriteError, save_weights, staging_dir
+from keras_transformer.loading import check_run, load_run, resolve_weights
+from keras_transformer.runs import RunError
 from keras_transformer.serving_warmup import write_warmup_requests
 
 DEFAULT_BASE = names.EXPORT_ROOT
@@ -438,7 +439,8 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
                              f"(dtype={dtype!r} casts it) instead of a {model_dtype} one")
         with tempfile.TemporaryDirectory(prefix="kt_export_") as tmp:
             tmp = pathlib.Path(tmp)
-            model.save_weights(tmp / "model.weights.h5")
+            save_weights(model, tmp / "model.weights.h5",
+                         what="writing the export's temporary weights")
             (tmp / names.CONFIG_FILE).write_text(json.dumps(model.config.to_dict()))
             (tmp / TOKENIZER_ASSET).write_bytes(tokenizer.model_proto)
             return _export_in_subprocess(tmp, export_dir, model_name=model_name,
@@ -446,50 +448,57 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
                                          verbose=verbose, weights=tmp / "model.weights.h5",
                                          **options)
 
-    model_dir.mkdir(parents=True, exist_ok=True)
-    # Hidden (non-numeric) folder: TF Serving ignores it until the rename.
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
+    # A hidden (non-numeric) folder: TF Serving ignores it until the rename;
+    # a killed export's is removed by the next export into model_dir.
     try:
-        asset_source = staging / "_asset_source"
-        asset_source.mkdir()
-        asset_file = asset_source / TOKENIZER_ASSET
-        asset_file.write_bytes(tokenizer.model_proto)
-        if dtype != model_dtype:
-            model = with_dtype(model, dtype)
-        if quantize:
-            model = quantized(model, quantize)
-        module = TranslationModule(
-            model, tokenizer, decoding, tokenizer_file=asset_file,
-            max_source_length=options["max_source_length"], batch_size=options["batch_size"])
-        out = staging / "model"
-        tf.saved_model.save(module, str(out), signatures=module.signatures())
-        bad = forbidden_ops(saved_model_ops(out))
-        if bad:
-            raise RuntimeError(f"the exported graph contains ops TF Serving cannot run: {bad}")
-        (out / "assets.extra").mkdir(exist_ok=True)
-        (out / "assets.extra" / "export_options.json").write_text(json.dumps(
-            dict(options, quantize=quantize or already, format_version=EXPORT_FORMAT_VERSION,
-                 config=model.config.to_dict(), tensorflow=tf.__version__,
-                 tensorflow_text=_tf_text_version()), indent=2))
-        # TF Serving replays these requests when it loads the version: a few
-        # lengths per signature at batch 1 and at batch_size.
-        write_warmup_requests(out, model_name=model_name)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(out, target)
+        with staging_dir(model_dir, str(version)) as staging:
+            _write_version(staging, target, model, tokenizer, decoding, options, dtype,
+                           model_dtype, quantize, already, model_name)
     except (OSError, tf.errors.OpError) as error:
         # A full disk, a lost mount: one line naming the export; the staging
-        # folder goes below, so no half-written version is left.
+        # folder is gone, so no half-written version is left.
+        if isinstance(error, WriteError):
+            raise
         raise WriteError(target, _as_os_error(error), f"writing the SavedModel {target}") \
             from error
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     if verbose:
         weights = quantize or already or (dtype if dtype != "float32" else None)
         weights = f", {weights} weights" if weights else ""
         print(f"Exported {BEAM_SIGNATURE} (beam {options['beam_size']}, alpha "
               f"{options['alpha']}{weights}) and {GREEDY_SIGNATURE} to {target}")
     return target
+
+
+def _write_version(staging, target, model, tokenizer, decoding, options, dtype, model_dtype,
+                   quantize, already, model_name):
+    """Writes the SavedModel in `staging`, then renames it to `target`."""
+    asset_source = staging / "_asset_source"
+    asset_source.mkdir()
+    asset_file = asset_source / TOKENIZER_ASSET
+    asset_file.write_bytes(tokenizer.model_proto)
+    if dtype != model_dtype:
+        model = with_dtype(model, dtype)
+    if quantize:
+        model = quantized(model, quantize)
+    module = TranslationModule(
+        model, tokenizer, decoding, tokenizer_file=asset_file,
+        max_source_length=options["max_source_length"], batch_size=options["batch_size"])
+    out = staging / "model"
+    tf.saved_model.save(module, str(out), signatures=module.signatures())
+    bad = forbidden_ops(saved_model_ops(out))
+    if bad:
+        raise RuntimeError(f"the exported graph contains ops TF Serving cannot run: {bad}")
+    (out / "assets.extra").mkdir(exist_ok=True)
+    (out / "assets.extra" / "export_options.json").write_text(json.dumps(
+        dict(options, quantize=quantize or already, format_version=EXPORT_FORMAT_VERSION,
+             config=model.config.to_dict(), tensorflow=tf.__version__,
+             tensorflow_text=_tf_text_version()), indent=2))
+    # TF Serving replays these requests when it loads the version: a few
+    # lengths per signature at batch 1 and at batch_size.
+    write_warmup_requests(out, model_name=model_name)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(out, target)
 
 
 def _as_os_error(error):
@@ -554,7 +563,7 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             so that each run is its own model on the server.
         version: as in `export_saved_model`.
         weights: weights to export instead of `model.keras`': a name of
-            `runs.resolve_weights` (`best`, `last`, `ckpt-<update>`, ...) or
+            `loading.resolve_weights` (`best`, `last`, `ckpt-<update>`, ...) or
             a `.weights.h5` path.
         beam_size, alpha, max_source_length, max_extra_length, batch_size,
             quantize, dtype, overwrite, verbose: as in
@@ -602,6 +611,6 @@ if __name__ == "__main__":
     # `_export_in_subprocess`: export_from_run's arguments as JSON on stdin.
     try:
         export_from_run(**json.loads(sys.stdin.read()))
-    except (RunError, FileNotFoundError, FileExistsError) as error:
+    except (RunError, OSError) as error:  # OSError: FileNotFoundError, WriteError, ...
         sys.stderr.write(f"{error}\n")
         sys.exit(_RUN_ERROR_STATUS)

@@ -85,13 +85,13 @@ import json
 import os
 import pathlib
 import shutil
-import tempfile
 
 import numpy as np
 
 from keras_transformer import names
 from keras_transformer.config import DecodingOptions
 from keras_transformer.config import length_penalty as gnmt_length_penalty
+from keras_transformer.files import staging_dir
 
 DEFAULT_BASE = names.EXPORT_ROOT
 FOLDER_SUFFIX = "-ct2"
@@ -391,10 +391,8 @@ def export_ctranslate2(model, tokenizer, output_dir, *, quantization=None, overw
     spec = build_spec(model, tokenizer, extra_positions=extra_positions)
     # Read before `convert` optimizes the spec (equal tables become aliases).
     position_rows = int(spec.decoder.position_encodings.encodings.shape[0])
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".tmp-{output_dir.name}-",
-                                            dir=output_dir.parent))
-    try:
+    # A killed conversion's staging folder is removed by the next one here.
+    with staging_dir(output_dir.parent, output_dir.name) as staging:
         written = staging / "model"
         _converter(spec).convert(str(written), quantization=quantization)
         (written / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
@@ -411,8 +409,6 @@ def export_ctranslate2(model, tokenizer, output_dir, *, quantization=None, overw
         if output_dir.exists():
             shutil.rmtree(output_dir)
         os.replace(written, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return output_dir
 
 
@@ -428,7 +424,7 @@ def export_ctranslate2_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=
             `<export_dir>/<model_name>-ct2[-<quantization>]`.
         model_name: default the run folder's name.
         weights: other weights than `model.keras`': a name of
-            `runs.resolve_weights` (`best`, `last`, `averaged`,
+            `loading.resolve_weights` (`best`, `last`, `averaged`,
             `ckpt-<update>`) or a `.weights.h5` path.
         quantization: as in `export_ctranslate2`.
         output_dir: write exactly this folder instead (overrides
@@ -444,7 +440,7 @@ def export_ctranslate2_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=
     >>> export_ctranslate2_from_run("runs/demo_tiny")
     PosixPath('saved_models/demo_tiny-ct2')
     """
-    from keras_transformer.runs import check_run, load_run, resolve_weights
+    from keras_transformer.loading import check_run, load_run, resolve_weights
 
     run_dir = pathlib.Path(run_dir)
     check_run(run_dir)
@@ -538,9 +534,6 @@ class CTranslate2Translator:
         self._max_positions = int(info.get("position_table_rows", self.config["max_length"]))
 
     # --- pieces and ids ----------------------------------------------------------
-
-    def id_to_piece(self, token_id):
-        return self.tokenizer.id_to_token(int(token_id))
 
     def _pieces(self, ids):
         return [self.tokenizer.id_to_token(int(i)) for i in ids]

@@ -4,7 +4,7 @@ import keras
 from keras import layers
 
 from keras_transformer import names
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers.embedding import SharedEmbedding
 from keras_transformer.layers.masks import PaddingMask

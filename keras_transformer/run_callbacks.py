@@ -20,7 +20,7 @@ all variables) and act at the same updates whatever the resume point:
   it up and stops `fit` (a preemption notice, Ctrl-C).
 
 Only the chief worker writes files under `MultiWorkerMirroredStrategy`. A
-write that fails raises `runs.WriteError` (no partial file is left).
+write that fails raises `files.WriteError` (no partial file is left).
 """
 
 import csv
@@ -33,7 +33,7 @@ import time
 
 import keras
 
-from keras_transformer import runs
+from keras_transformer import files, runs
 
 logger = logging.getLogger("keras_transformer")
 
@@ -113,7 +113,7 @@ class StateSaver(keras.callbacks.Callback):
     def _save(self, path, what):
         self.writing = path
         try:
-            return runs.save_weights(self.model, path, what=what)
+            return files.save_weights(self.model, path, what=what)
         finally:
             self.writing = None
 
@@ -205,8 +205,9 @@ class Validator(keras.callbacks.Callback):
             values["val_bleu"] = float(bleu)
             if self.best_bleu is None or bleu > self.best_bleu:
                 self.best_bleu = float(bleu)
-                runs.save_weights(self.model, self.run / runs.BEST_FILE,
-                                  what=f"writing the best weights ({runs.BEST_FILE})")
+                # The model's weights only: nothing resumes from them.
+                files.save_weights(self.model, self.run / runs.BEST_FILE, optimizer=False,
+                                   what=f"writing the best weights ({runs.BEST_FILE})")
                 self.run.write_json(runs.BEST_INFO_FILE, dict(update=update, bleu=float(bleu)))
         values["val_seconds"] = time.perf_counter() - start
         self.record.update(values)
@@ -335,7 +336,7 @@ class TrainingLog(keras.callbacks.Callback):
         try:
             self._write_scalars(update, row)
         except (OSError, RuntimeError) as error:
-            raise runs.WriteError(self.run / runs.TENSORBOARD_DIR, error,
+            raise files.WriteError(self.run / runs.TENSORBOARD_DIR, error,
                                   f"writing TensorBoard events ({runs.TENSORBOARD_DIR}/)") \
                 from error
 
@@ -359,7 +360,7 @@ class TrainingLog(keras.callbacks.Callback):
                     os.truncate(path, size)
             except OSError:
                 pass
-            raise runs.WriteError(path, error, f"writing the training log ({path.name})") \
+            raise files.WriteError(path, error, f"writing the training log ({path.name})") \
                 from error
 
     def _write_scalars(self, update, row):
@@ -532,7 +533,7 @@ class SignalStop(keras.callbacks.Callback):
             writing = self.saver.writing
             if writing is not None:
                 try:
-                    os.remove(runs.partial_path(writing))
+                    os.remove(files.partial_path(writing))
                 except OSError:
                     pass
             os.write(2, (f"{signal.Signals(number).name} again: exiting at once; the "

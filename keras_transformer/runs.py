@@ -14,7 +14,7 @@ evaluation, translation and export agree on its names (fairseq's
       */rolled_back/         files of an abandoned trajectory (never averaged or resumed)
       */damaged/             unreadable state files, set aside when the run fell back
       damaged/spm.model      a damaged vocabulary, set aside when it was restored
-      best.weights.h5        the weights of the best validation BLEU (+ best.json)
+      best.weights.h5        model weights only, of the best validation BLEU (+ best.json)
       averaged.weights.h5    the average of the last K checkpoints
       model.keras            the final model (the `final_weights` setting)
       training_log.csv       one row per logged update; validation columns when measured
@@ -32,33 +32,26 @@ damaged afterwards is detected when read: the run falls back to the newest
 readable state, naming the damaged file and moving it to `damaged/`, or,
 when none is readable, stops with a message and changes nothing.
 
-Writes never crash the process and never leave a partial file: weights are
-serialised in memory first (HDF5 that hits a full disk halfway leaves the
-library in a state that crashes the interpreter), then written under the
-temporary name; any failure removes that file and raises `WriteError`, which
-names what was being written and why. The files a command reads (`spm.model`,
-`config.json`, `settings.json`, `model.keras`, `best.json`) are checked as
-they are read: a damaged one is a `RunError` naming it; a damaged `spm.model`
-is restored from the prepared corpus it was copied from when its sha256 is
-the one the run recorded (`vocabulary.json`).
+Every file is written through `keras_transformer.files` (atomic, made in
+memory, a `WriteError` naming what failed), and whatever a rollback or a
+fallback moves aside goes to `rolled_back/` or `damaged/` under a name not
+yet taken (`files.set_aside`): nothing is deleted or overwritten. The files
+a command reads (`config.json`, `settings.json`, `best.json`) are checked as
+they are read: a damaged one is a `RunError` naming it. The run's
+vocabulary is looked after by `keras_transformer.run_vocabulary`, and a run
+is loaded for inference by `keras_transformer.loading`.
 """
 
-import contextlib
 import csv
 import dataclasses
-import errno
-import hashlib
-import io
 import json
 import logging
-import os
 import pathlib
 import re
-import socket
-
-import numpy as np
 
 from keras_transformer import names
+from keras_transformer.files import (file_lock, file_sha256, set_aside, write_atomically,
+                                     write_bytes)
 
 SETTINGS_FILE = "settings.json"
 CONFIG_FILE = names.CONFIG_FILE
@@ -89,27 +82,6 @@ class RunError(Exception):
     """A run folder that cannot be used as asked; the message says why and what to do."""
 
 
-class WriteError(RunError):
-    """Writing a file failed (a full disk, a lost mount, no permission).
-
-    Attributes:
-        path: the file that was being written.
-        error: the underlying exception.
-    """
-
-    def __init__(self, path, error, what=None):
-        self.path, self.error = pathlib.Path(path), error
-        reason = (os.strerror(error.errno) if isinstance(error, OSError) and error.errno
-                  else str(error).splitlines()[0] if str(error) else type(error).__name__)
-        self.what = what or f"writing {self.path}"
-        super().__init__(f"{self.what} failed: {reason}")
-
-    @property
-    def disk_full(self):
-        return isinstance(self.error, OSError) and self.error.errno in (
-            errno.ENOSPC, errno.EDQUOT)
-
-
 def hypotheses_file(split):
     """The run folder's translations of `split` by the job's final scoring (`test.hyp.de`)."""
     return f"{split}.hyp.de"
@@ -130,103 +102,6 @@ def _numbered(directory, pattern):
 def list_checkpoints(directory):
     """`(update, path)` pairs of `ckpt-<update>.weights.h5` files, oldest first."""
     return [(step, str(path)) for step, path in _numbered(directory, _CHECKPOINT_PATTERN)]
-
-
-def partial_path(path):
-    """The temporary name `write_atomically` writes `path` under."""
-    path = pathlib.Path(path)
-    return path.with_name(f".partial-{path.name}")
-
-
-def write_atomically(path, write, what=None):
-    """Calls `write(temporary_path)` then renames the result to `path`.
-
-    A failure (an `OSError` such as a full disk, or any error of `write`)
-    removes the temporary file and raises `WriteError`; `path` keeps its
-    previous content, if any.
-
-    Args:
-        path: the file to write.
-        write: `write(temporary_path)` writes the whole file.
-        what: what is written, for the error message (default the path).
-    """
-    path = pathlib.Path(path)
-    partial = partial_path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(str(partial))
-        os.replace(partial, path)
-    except Exception as error:  # noqa: BLE001 (any failure: clean up, then say it)
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        if isinstance(error, WriteError):
-            raise
-        raise WriteError(path, error, what) from error
-    return path
-
-
-def write_bytes(path, data, what=None):
-    """Writes `data` to `path` atomically, flushed to disk (`fsync`) before the rename."""
-    def write(tmp):
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    return write_atomically(path, write, what)
-
-
-def weights_bytes(model):
-    """The bytes `model.save_weights` would write (weights + optimizer), made in memory.
-
-    HDF5 writing straight to a disk that fills up leaves the library in a
-    state in which freeing its objects crashes the interpreter (measured:
-    a segmentation fault after "No space left on device"); in memory it
-    cannot meet a full disk, and the bytes are then written with plain file
-    I/O, whose errors are ordinary exceptions.
-    """
-    from keras.src.saving import saving_lib
-
-    buffer = io.BytesIO()
-    store = saving_lib.H5IOStore(buffer, mode="w")
-    try:
-        saving_lib._save_state(model, weights_store=store, assets_store=None,
-                               inner_path="", visited_saveables=set())
-    finally:
-        store.close()
-    return buffer.getvalue()
-
-
-def save_weights(model, path, what=None):
-    """`model.save_weights(path)`, atomically, made in memory first (see `weights_bytes`).
-
-    Raises:
-        WriteError: the file could not be written; no partial file is left.
-    """
-    try:
-        data = weights_bytes(model)
-    except (ImportError, AttributeError, TypeError):
-        # Keras moved its saving internals: write through its public API.
-        return write_atomically(path, model.save_weights, what)
-    return write_bytes(path, data, what)
-
-
-def _unused_name(path):
-    """`path`, or `path.1`, `path.2` ... the first that does not exist."""
-    path = pathlib.Path(path)
-    candidate, number = path, 0
-    while candidate.exists():
-        number += 1
-        candidate = path.with_name(f"{path.name}.{number}")
-    return candidate
-
-
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def find_run_dir(path):
@@ -252,47 +127,6 @@ def check_state_file(path):
                               else None)
     except (OSError, KeyError, ValueError, RuntimeError) as error:
         raise RunError(f"{path} is unreadable ({str(error).splitlines()[0]})") from None
-
-
-@contextlib.contextmanager
-def file_lock(path, *, busy=None, waiting=None):
-    """Holds an exclusive `fcntl.flock` on `path`, which names its holder.
-
-    The lock is released by the kernel when its process ends, `kill -9`
-    included, so a crash never leaves a stale lock. The file says
-    "process <pid> on <host>" while it is held.
-
-    Args:
-        path: the lock file (created, with its folder).
-        busy: when another process holds the lock, raise `RunError` with
-            `busy(holder)` as its message instead of waiting.
-        waiting: otherwise, the line logged before waiting for the holder.
-    """
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        yield
-        return
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a+")
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            if busy is not None:
-                raise RunError(busy(holder)) from None
-            logger.info(waiting or f"Waiting for {holder}, which holds {path} ...")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
-        yield
-    finally:
-        handle.close()  # releases the lock
 
 
 @dataclasses.dataclass
@@ -368,7 +202,7 @@ class RunFolder:
         A second `train` on the same folder would interleave its backups,
         checkpoints and log rows with the first one's; it is refused instead.
         """
-        return file_lock(self.root / LOCK_FILE, busy=lambda owner: (
+        return file_lock(self.root / LOCK_FILE, error=RunError, busy=lambda owner: (
             f"{self.root} is in use: {owner} is training in it. Wait for it to finish or "
             "stop it, or use another --output-dir"))
 
@@ -426,150 +260,6 @@ class RunFolder:
                            f"and {BEST_FILE} to measure the best weights afresh")
         return best
 
-    # --- the vocabulary ----------------------------------------------------------
-
-    def record_tokenizer(self, source):
-        """Writes `vocabulary.json`: `spm.model`'s sha256 and the file it was copied from."""
-        self.write_json(VOCABULARY_INFO_FILE, dict(
-            sha256=file_sha256(self.tokenizer_file),
-            source=str(pathlib.Path(source).resolve())))
-
-    def _tokenizer_problem(self, recorded):
-        """Why `spm.model` cannot be used (a string), or `None` when it is intact.
-
-        Intact means: a SentencePiece model with this package's special ids
-        and, when the run recorded a sha256 (`recorded`, from
-        `vocabulary.json`), that sha256.
-        """
-        from keras_transformer.data.tokenizer import check_model_proto
-
-        path = self.tokenizer_file
-        if not path.is_file():
-            return "missing"
-        if recorded and file_sha256(path) != recorded:
-            return f"its sha256 is not the {recorded[:12]}... that {VOCABULARY_INFO_FILE} recorded"
-        try:
-            check_model_proto(path.read_bytes())
-        except ValueError as error:
-            return str(error)
-        return None
-
-    def restore_tokenizer(self, say=None, candidates=()):
-        """Checks `spm.model`; restores a damaged one from its recorded source.
-
-        A damaged file (see `_tokenizer_problem`) is replaced by the prepared
-        corpus's `spm.model` it was copied from (or one of `candidates`) when
-        that file's sha256 is the one the run recorded; the damaged file is
-        moved to `damaged/`.
-
-        Returns:
-            The path of the (intact) `spm.model`.
-
-        Raises:
-            RunError: it is damaged and cannot be restored; the message says how.
-        """
-        say = say or logger.warning
-        info = self.read_json(VOCABULARY_INFO_FILE) or {}
-        recorded, source = info.get("sha256"), info.get("source")
-        problem = self._tokenizer_problem(recorded)
-        if problem is None:
-            return self.tokenizer_file
-        intact = next((pathlib.Path(c) for c in (source, *candidates)
-                       if recorded and c and pathlib.Path(c).is_file()
-                       and file_sha256(c) == recorded), None)
-        if intact is not None:
-            if self.tokenizer_file.exists():
-                target = _unused_name(self.root / DAMAGED_DIR / TOKENIZER_FILE)
-                target.parent.mkdir(exist_ok=True)
-                os.replace(self.tokenizer_file, target)
-                moved = f"; the damaged file is now {target}"
-            else:
-                moved = ""
-            write_bytes(self.tokenizer_file, intact.read_bytes())
-            say(f"{self.tokenizer_file} was damaged ({problem}): restored it from {intact}, "
-                f"whose sha256 is the one the run recorded{moved}.")
-            return self.tokenizer_file
-        if recorded:
-            gone = not source or not pathlib.Path(source).is_file()
-            how = (f"copy back the spm.model whose sha256 is {recorded} (the run copied it "
-                   f"from {source or 'its prepared corpus'}, which "
-                   f"{'is gone' if gone else 'now holds another vocabulary'})")
-        else:
-            how = ("copy back the spm.model of the prepared corpus the run was trained on "
-                   "(this run recorded no sha256 to check it against)")
-        raise RunError(f"{self.tokenizer_file} is damaged ({problem}); {how}")
-
-    def load_tokenizer(self, say=None):
-        """The run's `Tokenizer`, its `spm.model` checked (and restored) first."""
-        from keras_transformer.data.tokenizer import Tokenizer
-
-        return Tokenizer.load(self.restore_tokenizer(say))
-
-    def kept_tokenizer(self, init_from=None):
-        """The vocabulary the run must keep: its own, or `init_from`'s; `None` for a new one.
-
-        Raises:
-            RunError: `init_from` does not exist, or its vocabulary is not the
-                run's own.
-        """
-        source_spm = None
-        if init_from:
-            source_run = find_run_dir(init_from)
-            if source_run is None and not pathlib.Path(init_from).exists():
-                raise RunError(f"--init-from {init_from} does not exist (a run folder or a "
-                               ".weights.h5 file)")
-            if source_run is not None:
-                source_spm = source_run / TOKENIZER_FILE
-        if self.tokenizer_file.is_file() or (self / VOCABULARY_INFO_FILE).is_file():
-            self.restore_tokenizer()  # a damaged copy is restored from its source, or named
-            if source_spm is not None and file_sha256(source_spm) != self.tokenizer_hash():
-                raise RunError(
-                    f"--init-from {init_from}: its vocabulary {source_spm} differs from this "
-                    f"run's {self.tokenizer_file}; fine-tune in a new --output-dir (it takes "
-                    "the vocabulary of the weights it starts from)")
-            return self.tokenizer_file
-        return source_spm
-
-    def adopt_tokenizer(self, corpus, init_from=None):
-        """The run's copy of the corpus's vocabulary (checked when it has one), loaded.
-
-        A run keeps the vocabulary it was trained with: a continued run whose
-        prepared corpus now has another one (prepared again since) is refused,
-        and so is fine-tuning from `init_from` weights whose vocabulary is
-        not the corpus's.
-
-        Returns:
-            The run's `Tokenizer`.
-        """
-        from keras_transformer.data.tokenizer import Tokenizer
-
-        if self.tokenizer_file.is_file() or (self / VOCABULARY_INFO_FILE).is_file():
-            # A damaged copy is restored from the corpus it came from, or named.
-            self.restore_tokenizer(candidates=[corpus.tokenizer_file])
-            if self.tokenizer_hash() != corpus.tokenizer_sha256:
-                raise RunError(
-                    f"{self.tokenizer_file} differs from the vocabulary of the prepared "
-                    f"corpus {corpus.tokenizer_file} (prepared again since this run "
-                    "began?); continue with the run's own vocabulary: pass --prepared-dir "
-                    "for a new preparation (it will use the run's vocabulary), or train in "
-                    "a new --output-dir")
-        else:
-            if init_from:
-                source_run = find_run_dir(init_from)
-                if source_run is not None and file_sha256(
-                        source_run / TOKENIZER_FILE) != corpus.tokenizer_sha256:
-                    raise RunError(
-                        f"--init-from {init_from}: its vocabulary differs from the prepared "
-                        f"corpus {corpus.directory}'s; let the job prepare --data with it "
-                        "(name the text folder, not a prepared one)")
-            write_bytes(self.tokenizer_file, corpus.tokenizer_file.read_bytes())
-        if not (self / VOCABULARY_INFO_FILE).is_file():
-            self.record_tokenizer(corpus.tokenizer_file)
-        tokenizer = Tokenizer.load(self.tokenizer_file)
-        logger.info(f"Tokenizer {self.tokenizer_file} (vocabulary "
-                    f"{tokenizer.vocabulary_size()})")
-        return tokenizer
-
     # --- what is intact ----------------------------------------------------------
 
     def newest_good_state(self):
@@ -625,9 +315,7 @@ class RunFolder:
                 damaged.append((path, str(error)))
                 continue
             for bad, problem in damaged:
-                target = bad.parent / DAMAGED_DIR / bad.name
-                target.parent.mkdir(exist_ok=True)
-                os.replace(bad, target)
+                target = set_aside(bad, bad.parent / DAMAGED_DIR)
                 say(f"{problem}; moved it to {target}.")
             if damaged:
                 say(f"Falling back to {path} (update {step}), the newest readable state.")
@@ -654,18 +342,13 @@ class RunFolder:
         moved = []
         for step, path in self.checkpoints() + self.backups():
             if step > update:
-                target = path.parent / ROLLED_BACK_DIR / path.name
-                target.parent.mkdir(exist_ok=True)
-                os.replace(path, target)
-                moved.append(str(target))
+                moved.append(str(set_aside(path, path.parent / ROLLED_BACK_DIR)))
         best = self.read_best()
         if best is not None and best.get("update", 0) > update:
             for name in (BEST_FILE, BEST_INFO_FILE):
                 if (self.root / name).exists():
-                    target = self.checkpoint_dir / ROLLED_BACK_DIR / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(self.root / name, target)
-                    moved.append(str(target))
+                    moved.append(str(set_aside(self.root / name,
+                                               self.checkpoint_dir / ROLLED_BACK_DIR)))
         if moved:
             say(f"Set aside {len(moved)} file(s) of updates after {update} (another "
                 f"trajectory): {', '.join(moved)}")
@@ -706,187 +389,3 @@ def roll_back_log(log_file, rolled_back_file, update):
     write_atomically(log_file, write)
     return len(drop)
 
-
-# --- loading a run for evaluation, translation and export -----------------------
-
-
-def check_run(run_dir):
-    """The tokenizer, model.keras and config.json paths of a run folder; raises if unusable."""
-    run_dir = pathlib.Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(
-            f"run folder not found: {run_dir} (expected the --output-dir of a "
-            f"training run, with {TOKENIZER_FILE} and {CONFIG_FILE} or {MODEL_FILE})")
-    spm = run_dir / TOKENIZER_FILE
-    if not spm.is_file() and not (run_dir / VOCABULARY_INFO_FILE).is_file():
-        raise FileNotFoundError(f"{run_dir} has no {TOKENIZER_FILE} (the SentencePiece "
-                                "model a training run writes)")
-    keras_file, config_file = run_dir / MODEL_FILE, run_dir / CONFIG_FILE
-    if not keras_file.is_file() and not config_file.is_file():
-        raise FileNotFoundError(
-            f"{run_dir} has neither {MODEL_FILE} nor {CONFIG_FILE}; expected the "
-            "--output-dir of a training run")
-    return spm, keras_file, config_file
-
-
-def resolve_weights(run_dir, name):
-    """Path of the weights called `name` in a run folder.
-
-    `"final"` is the weights of `model.keras` (`None` is returned: load the
-    model as saved), `"averaged"` is `averaged.weights.h5`, `"best"` the
-    best validation BLEU's weights, `"last"` the newest checkpoint,
-    `"ckpt-<update>"` that checkpoint; anything else is taken as a path to a
-    `.weights.h5` file.
-    """
-    run = RunFolder(run_dir)
-    checkpoints = run.checkpoints()
-    if name == "final":
-        if not run.model_file.is_file():
-            raise FileNotFoundError(f"{run.model_file} not found: the run has not "
-                                    "finished; use last, ckpt-<update> or best")
-        return None
-    if name == "averaged":
-        path = run / AVERAGED_FILE
-    elif name == "best":
-        path = run / BEST_FILE
-    elif name == "last":
-        if not checkpoints:
-            raise FileNotFoundError(f"no {CHECKPOINT_DIR}/ckpt-*.weights.h5 in {run_dir}")
-        path = checkpoints[-1][1]
-    elif name.startswith("ckpt-") and not name.endswith(".h5"):
-        path = run.checkpoint_path(name[len("ckpt-"):])
-    else:
-        path = pathlib.Path(name)
-    if not path.exists():
-        available = ", ".join(f"ckpt-{step}" for step, _ in checkpoints) or "none"
-        raise FileNotFoundError(
-            f"weights {name!r} not found ({path}); use final, averaged, best, last, "
-            f"ckpt-<update> (checkpoints in {run_dir}: {available}) or a .weights.h5 path")
-    return path
-
-
-def load_run(run_dir, weights=None):
-    """Model and tokenizer of a run folder, for inference.
-
-    Args:
-        run_dir: a training run's folder.
-        weights: `None` (or `"final"`) for the final model (`model.keras`; an
-            unfinished run: its config with the newest checkpoint), a name
-            that `resolve_weights` understands, or a `.weights.h5` path.
-
-    Returns:
-        `(model, tokenizer)`; the model is not compiled.
-    """
-    from keras_transformer.model import build_model
-
-    spm, keras_file, config_file = check_run(run_dir)
-    run = RunFolder(run_dir)
-    tokenizer = run.load_tokenizer()
-    if weights is not None:
-        weights = resolve_weights(run_dir, str(weights))
-    if keras_file.is_file() and (weights is None or not config_file.is_file()):
-        model = load_keras_file(keras_file)
-    else:
-        model = build_model(run.read_config())
-        if weights is None:
-            saved = pathlib.Path(run_dir) / "model.weights.h5"
-            weights = saved if saved.is_file() else resolve_weights(run_dir, "last")
-    if weights is not None:
-        weights = pathlib.Path(weights)
-        if not weights.is_file():
-            raise FileNotFoundError(f"weights file not found: {weights}")
-        load_model_weights(model, weights)
-    return model, tokenizer
-
-
-def load_keras_file(path):
-    """`keras.saving.load_model(path, compile=False)`; a damaged file is a `RunError`."""
-    import zipfile
-
-    import keras
-
-    path = pathlib.Path(path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()  # reads every member, checking its CRC
-        if bad is not None:
-            raise ValueError(f"member {bad} fails its CRC check")
-        return keras.saving.load_model(path, compile=False)
-    except (zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError, EOFError) as error:
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise RunError(
-            f"{path} is damaged ({message}); translate or export other weights of the "
-            "run (--weights last, averaged, best or ckpt-<update>), or move it aside and "
-            f"re-run `keras-transformer train --output-dir {path.parent}` to write it "
-            "again from the run's checkpoints") from None
-
-
-def load_model_weights(model, path):
-    """Loads only the model's weights from a `.weights.h5` file (optimizer state ignored).
-
-    Works for files written by a compiled model (which also hold the
-    optimizer's variables) into a model that is not compiled, or whose
-    optimizer must start fresh (`--init-from`).
-    """
-    from keras_transformer.model import build_model
-
-    path = str(path)
-    check_state_file(path)
-    source = build_model(model.config)
-    try:
-        source.load_weights(path, skip_mismatch=False)
-    except ValueError as error:
-        raise RunError(f"{path} does not fit this model: {str(error).splitlines()[0]}") \
-            from None
-    model.set_weights(source.get_weights())
-    return model
-
-
-def load_state(model, path, update):
-    """Loads a state file (weights + optimizer) into a compiled model; returns its update.
-
-    Keras loads the optimizer's variables by position and silently skips them
-    when their number differs, which happens when `grad_accum_steps` changed
-    between the run that saved the state and this one (accumulation adds one
-    gradient accumulator per weight). Then Adam's moments and velocities (the
-    last variables) are copied by role, the micro-batch counter (the first)
-    is set to `update` times this run's accumulation steps, and the
-    accumulators start at zero, as they do at every update.
-
-    Args:
-        model: the compiled model.
-        path: a state file of `update` (a backup or checkpoint).
-        update: the optimizer update the file holds (from its name).
-
-    Raises:
-        RunError: the file's optimizer state does not fit this optimizer.
-    """
-    import warnings
-
-    import h5py
-
-    optimizer = model.optimizer
-    optimizer.build(model.trainable_variables)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.load_weights(str(path))
-    skipped = any("Skipping variable loading for optimizer" in str(w.message) for w in caught)
-    if skipped:
-        with h5py.File(path, "r") as handle:
-            group = handle["optimizer/vars"] if "optimizer/vars" in handle else {}
-            saved = [group[str(i)][()] for i in range(len(group))]
-        current = optimizer.variables
-        moments = 2 * len(model.trainable_variables)
-        fits = (len(saved) > moments and len(current) > moments
-                and current[0].path.endswith("iteration")
-                and all(tuple(v.shape) == a.shape
-                        for v, a in zip(current[-moments:], saved[-moments:])))
-        if not fits:
-            raise RunError(f"{path}: its optimizer state ({len(saved)} variables) does not "
-                           f"fit this run's optimizer ({len(current)} variables)")
-        current[0].assign(update * (optimizer.gradient_accumulation_steps or 1))
-        for variable, value in zip(current[-moments:], saved[-moments:]):
-            variable.assign(value)
-        for variable in current[1:-moments]:
-            variable.assign(np.zeros(variable.shape, variable.dtype))
-    return int(np.asarray(optimizer.iterations))

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 
 
 @register

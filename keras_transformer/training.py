@@ -21,7 +21,7 @@ import numpy as np
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
-from keras_transformer.runs import write_bytes
+from keras_transformer.files import write_bytes
 from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.settings import SettingsError
 
@@ -272,7 +272,7 @@ def average_checkpoints(paths, output_path):
                     f"checkpoint {path} does not hold the same variables as {paths[-1]}"
                 )
         # Built in memory, then written with plain file I/O (see
-        # `runs.weights_bytes`: HDF5 meeting a full disk crashes the process).
+        # `files.weights_bytes`: HDF5 meeting a full disk crashes the process).
         buffer = io.BytesIO(pathlib.Path(paths[-1]).read_bytes())
         with h5py.File(buffer, "r+") as out:
             for name in names:

@@ -265,7 +265,7 @@ def _export(*argv):
 
 @pytest.mark.backend_independent
 def test_command_writes_a_folder_that_ctranslate2_loads(run_dir, corpus, tmp_path, capsys):
-    from keras_transformer.runs import load_run
+    from keras_transformer.loading import load_run
 
     assert _export("--run", run_dir, "--export-dir", tmp_path, "--quiet") == 0
     path = tmp_path / "tiny_run-ct2"

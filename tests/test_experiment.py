@@ -12,7 +12,7 @@ import pytest
 
 from keras_transformer.evaluation import evaluate_run
 from keras_transformer.data.corpora import corpus_inputs
-from keras_transformer.runs import resolve_weights
+from keras_transformer.loading import resolve_weights
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

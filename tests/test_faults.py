@@ -24,7 +24,7 @@ import pytest
 
 from conftest import subprocess_env, tiny_train_command
 
-from keras_transformer import runs
+from keras_transformer import files, loading, runs
 
 
 
@@ -116,7 +116,7 @@ def test_a_signal_inside_fit_finishes_the_update_backs_it_up_and_stops(tiny_conf
     assert run.checkpoints() == []  # no checkpoint at an update off its grid
     # The backup holds the weights the model has now.
     restored = build_model(tiny_config)
-    runs.load_model_weights(restored, run.backup_path(3))
+    loading.load_model_weights(restored, run.backup_path(3))
     for mine, theirs in zip(model.get_weights(), restored.get_weights()):
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
     assert signal.getsignal(signal.SIGINT) is before  # handlers put back
@@ -134,7 +134,7 @@ def test_a_second_signal_while_saving_exits_at_once_and_removes_the_partial_file
     backup.parent.mkdir()
     older = tmp_path / "backup" / "state-5.weights.h5"
     older.write_bytes(b"the older backup")
-    runs.partial_path(backup).write_bytes(b"half a file")
+    files.partial_path(backup).write_bytes(b"half a file")
     script = textwrap.dedent(f"""
         import os, pathlib, signal
         from keras_transformer.run_callbacks import SignalStop
@@ -155,7 +155,7 @@ def test_a_second_signal_while_saving_exits_at_once_and_removes_the_partial_file
     assert "still running" not in result.stdout
     assert result.stderr.strip().splitlines()[-1] == (
         "SIGTERM again: exiting at once; the states written before are intact")
-    assert not runs.partial_path(backup).exists()
+    assert not files.partial_path(backup).exists()
     assert older.read_bytes() == b"the older backup"
 
 
@@ -203,7 +203,7 @@ def test_sigterm_to_train_backs_up_the_update_and_the_rerun_continues(corpus, tm
 
 
 # A write hook: `os.fsync` of a file whose name contains $KT_TEST_ENOSPC fails
-# with ENOSPC, as the write of a full disk does (runs.write_bytes flushes and
+# with ENOSPC, as the write of a full disk does (files.write_bytes flushes and
 # syncs every file it writes before renaming it).
 _ENOSPC_HOOK = """
 import errno, os
@@ -228,7 +228,7 @@ def test_a_failed_weights_write_removes_its_partial_file_and_keeps_the_old_one(
 
     model = build_model(tiny_config)
     path = tmp_path / "state-4.weights.h5"
-    runs.save_weights(model, path)
+    files.save_weights(model, path)
     good = path.read_bytes()
     # The bytes are those of Keras' own save_weights: the file loads back.
     restored = build_model(tiny_config)
@@ -241,10 +241,10 @@ def test_a_failed_weights_write_removes_its_partial_file_and_keeps_the_old_one(
 
     monkeypatch.setattr(os, "fsync", full)
     model.get_weights()[0][...] = 0
-    with pytest.raises(runs.WriteError, match=r"^writing the backup failed: No space left on "
+    with pytest.raises(files.WriteError, match=r"^writing the backup failed: No space left on "
                                               r"device$") as caught:
-        runs.save_weights(model, path, what="writing the backup")
-    assert caught.value.disk_full
+        files.save_weights(model, path, what="writing the backup")
+    assert caught.value.error.errno == errno.ENOSPC
     assert path.read_bytes() == good
     assert os.listdir(tmp_path) == [path.name]  # no partial file
 
@@ -274,6 +274,78 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_rerun_continues(corpus, t
     output = _train(corpus, run_dir, "--train-steps", "30")
     assert f"Continuing {run_dir} at update 10 (of 30)" in output
     assert json.loads((run_dir / runs.RESULTS_FILE).read_text())["final_step"] == 30
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_model_keras_stops_in_one_line_and_the_rerun_finishes(
+        finished_run, corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    for name in (runs.RESULTS_FILE, runs.MODEL_FILE):  # as if the run had stopped there
+        (run_dir / name).unlink()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_ENOSPC_HOOK)
+    output = _train(corpus, run_dir, "--train-steps", "10", expect=1,
+                    env=subprocess_env(hook, KT_TEST_ENOSPC=runs.MODEL_FILE))
+    assert "Traceback" not in output and "Segmentation" not in output
+    assert _last_line(output) == (
+        "keras-transformer train: error: writing the final model (model.keras) failed: No "
+        "space left on device; training is complete at update 10 and the newest good state "
+        "is backup/state-10.weights.h5 (update 10). Free space (or fix the folder) and run "
+        "the same command to finish the run (final weights, test, export)")
+    assert not (run_dir / runs.MODEL_FILE).exists() and _partials(run_dir) == []
+    output = _train(corpus, run_dir, "--train-steps", "10")
+    assert loading.load_keras_file(run_dir / runs.MODEL_FILE).count_params() > 0
+    assert json.loads((run_dir / runs.RESULTS_FILE).read_text())["final_step"] == 10
+
+
+@pytest.mark.slow
+@pytest.mark.backend_independent  # the export's temporary weights exist under JAX and torch
+def test_a_full_disk_at_the_exports_temporary_weights_is_one_line(finished_run, corpus,
+                                                                  tmp_path):
+    run_dir, export_dir = tmp_path / "run", tmp_path / "exports"
+    shutil.copytree(finished_run, run_dir)
+    (run_dir / runs.RESULTS_FILE).unlink()  # as if the export had not run yet
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_ENOSPC_HOOK)
+    # Under JAX the job hands the weights to a TensorFlow child through a file.
+    output = _train(corpus, run_dir, "--train-steps", "10", "--export-dir", str(export_dir),
+                    expect=1, env=subprocess_env(hook, KT_TEST_ENOSPC="model.weights.h5",
+                                                 KERAS_BACKEND="jax"))
+    assert "Traceback" not in output and "Segmentation" not in output
+    assert _last_line(output).startswith(
+        "keras-transformer train: error: writing the export's temporary weights failed: No "
+        "space left on device; training is complete at update 10 and ")
+    assert [p for p in export_dir.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.backend_independent
+def test_a_killed_writers_staging_folder_is_removed_by_the_next_writer(tmp_path):
+    """`kill -9` during an export leaves its staging folder; the next export removes it."""
+    writer = textwrap.dedent(f"""
+        import time
+        from keras_transformer import files
+        with files.staging_dir({str(tmp_path)!r}, "1") as folder:
+            (folder / "model").mkdir()
+            print(folder, flush=True)
+            time.sleep(600)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE,
+                             text=True, env=subprocess_env())
+    try:
+        killed = pathlib.Path(child.stdout.readline().strip())
+        assert killed.parent == tmp_path and killed.name.startswith(".tmp-1-")
+        with files.staging_dir(tmp_path, "2"):  # a live writer's folder is left alone
+            assert (killed / "model").is_dir()
+    finally:
+        child.kill()
+        child.wait()
+    assert (killed / "model").is_dir()  # kill -9 ran no clean-up
+    with files.staging_dir(tmp_path, "1") as mine:
+        assert not killed.exists() and mine.is_dir()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture

@@ -59,21 +59,6 @@ def test_quantize_choices_of_the_commands_are_the_names_tuples():
     assert set(names.KERAS_QUANTIZATIONS) <= set(names.CTRANSLATE2_QUANTIZATIONS)
 
 
-def test_export_modules_use_the_names():
-    from keras_transformer import export, export_ctranslate2, model, serving_warmup
-
-    assert export_ctranslate2.QUANTIZATIONS == names.CTRANSLATE2_QUANTIZATIONS
-    assert model.QUANTIZATION_MODES == names.KERAS_QUANTIZATIONS
-    assert (export.TOKENIZER_ASSET, serving_warmup.TOKENIZER_ASSET,
-            export_ctranslate2.TOKENIZER_FILE) == (names.TOKENIZER_FILE,) * 3
-    assert (export.BEAM_SIGNATURE, export.GREEDY_SIGNATURE) == names.SIGNATURES
-    assert serving_warmup.DEFAULT_SIGNATURES == names.SIGNATURES
-    assert export.INPUT_NAME == serving_warmup.INPUT_NAME == names.INPUT_NAME
-    assert export.DEFAULT_BASE == export_ctranslate2.DEFAULT_BASE == names.EXPORT_ROOT
-    # The sinusoid table covers the longest output of the default decoding.
-    assert export_ctranslate2.EXTRA_POSITIONS == DecodingOptions().max_extra_length
-
-
 def test_quantized_accepts_exactly_the_keras_modes():
     import keras
     from keras.src.dtype_policies.dtype_policy import QUANTIZATION_MODES as KERAS_MODES

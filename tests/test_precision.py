@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import subprocess_env, tiny_train_command
 
-from keras_transformer import build_model, precision, runs
+from keras_transformer import build_model, loading, precision, runs
 from keras_transformer.model import quantized, with_dtype
 from keras_transformer.precision import policy_scope, resolve
 
@@ -212,7 +212,7 @@ def test_a_backup_loads_under_the_other_policy(tiny_config, tmp_path, first, sec
     one.train_on_batch(batch, batch["target_ids"])
     one.save_weights(tmp_path / "state-1.weights.h5")
     other = _compiled(config, second)
-    assert runs.load_state(other, tmp_path / "state-1.weights.h5", 1) == 1
+    assert loading.load_state(other, tmp_path / "state-1.weights.h5", 1) == 1
     for mine, theirs in zip(other.weights + other.optimizer.variables,
                             one.weights + one.optimizer.variables):
         assert keras.backend.standardize_dtype(mine.dtype) == \
@@ -254,6 +254,6 @@ def test_a_float32_run_continues_in_bf16_and_back(tmp_path):
     assert "at update 20 (of 30)" in output
     assert (results["final_step"], results["steps_this_run"]) == (30, 10)
     # The model file is float32 whatever the run trained in.
-    model, _ = runs.load_run(run_dir)
+    model, _ = loading.load_run(run_dir)
     assert {keras.backend.standardize_dtype(w.dtype) for w in model.weights} == {"float32"}
     assert pathlib.Path(run_dir / "checkpoints" / "ckpt-20.weights.h5").is_file()

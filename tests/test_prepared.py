@@ -155,7 +155,7 @@ def test_the_seed_fixes_the_batches(corpus):
 
 def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path, monkeypatch):
     """`prepare` + `train --data <prepared>` reads exactly the batches of `train --data <folder>`."""
-    from keras_transformer import experiment, runs, training
+    from keras_transformer import experiment, run_vocabulary, runs, training
     from keras_transformer.data import corpora
     from keras_transformer.settings import load_settings
 
@@ -174,7 +174,7 @@ def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path, 
             output_dir=str(run_dir), seed=5, **given))
         run = runs.RunFolder(run_dir)
         corpus = experiment.prepare_data(settings, run)
-        run.adopt_tokenizer(corpus)
+        run_vocabulary.adopt(run, corpus)
         plan = training.plan_batches(512, max_length=48)
         train_ds, valid_ds, per_update = corpora.training_datasets(
             corpus, tokens_per_batch=plan.micro_batch_tokens, max_length=48, seed=5)

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import subprocess_env, tiny_train_command
 
-from keras_transformer import runs
+from keras_transformer import loading, runs
 
 
 
@@ -81,6 +81,51 @@ def test_roll_back_sets_aside_checkpoints_rows_and_best_of_another_trajectory(tm
         "step,loss", "25,3.5", "30,3.0"]
     assert not (run / runs.BEST_FILE).exists()
     assert (run.checkpoint_dir / runs.ROLLED_BACK_DIR / runs.BEST_FILE).exists()
+
+
+@pytest.mark.backend_independent
+def test_rolling_back_twice_past_one_update_and_restoring_spm_twice_overwrite_nothing(
+        tmp_path):
+    from keras_transformer import run_vocabulary
+    from keras_transformer.data.tokenizer import train_tokenizer
+
+    run = runs.RunFolder(tmp_path / "run")
+    run.checkpoint_dir.mkdir(parents=True)
+    run.backup_dir.mkdir()
+    expected = {}  # set-aside path -> the bytes it must hold
+    for trajectory in (1, 2):  # two trajectories past update 20, each rolled back
+        for step in (10, 20, 30):
+            _weights_file(run.checkpoint_path(step), value=trajectory * 100 + step)
+        _weights_file(run.backup_path(30), value=trajectory)
+        _weights_file(run / runs.BEST_FILE, value=-trajectory)
+        run.write_json(runs.BEST_INFO_FILE, dict(update=30, bleu=float(trajectory)))
+        suffix = "" if trajectory == 1 else ".1"
+        for path, folder in ((run.checkpoint_path(30), run.checkpoint_dir),
+                             (run.backup_path(30), run.backup_dir),
+                             (run / runs.BEST_FILE, run.checkpoint_dir),
+                             (run / runs.BEST_INFO_FILE, run.checkpoint_dir)):
+            expected[folder / runs.ROLLED_BACK_DIR / (path.name + suffix)] = path.read_bytes()
+        run.roll_back_to(20, say=lambda message: None)
+    assert [step for step, _ in run.state_files()] == [20, 10]
+    for path, data in expected.items():
+        assert path.read_bytes() == data, path
+    assert len(list((run.checkpoint_dir / runs.ROLLED_BACK_DIR).iterdir())) == 6
+
+    # The vocabulary damaged twice: each damaged copy is kept.
+    text = tmp_path / "text"
+    text.write_text("ein hund läuft. eine katze sitzt. a dog runs.\n" * 50)
+    source = tmp_path / "prepared" / "spm.model"
+    train_tokenizer([text], 300, source)
+    run.tokenizer_file.write_bytes(source.read_bytes())
+    run_vocabulary._record(run, source)
+    damaged = []
+    for cut in (1000, 500):
+        run.tokenizer_file.write_bytes(source.read_bytes()[:cut])
+        damaged.append(run.tokenizer_file.read_bytes())
+        run_vocabulary.restore(run, say=lambda message: None)
+        assert run.tokenizer_file.read_bytes() == source.read_bytes()
+    assert (run / runs.DAMAGED_DIR / "spm.model").read_bytes() == damaged[0]
+    assert (run / runs.DAMAGED_DIR / "spm.model.1").read_bytes() == damaged[1]
 
 
 @pytest.mark.backend_independent
@@ -456,7 +501,7 @@ def test_state_loads_across_a_change_of_gradient_accumulation(tiny_config, tmp_p
     one.save_weights(tmp_path / "state-7.weights.h5")
     four = compiled(4)
     assert len(four.optimizer.variables) > len(one.optimizer.variables)
-    assert runs.load_state(four, tmp_path / "state-7.weights.h5", 7) == 7
+    assert loading.load_state(four, tmp_path / "state-7.weights.h5", 7) == 7
     moments = 2 * len(four.trainable_variables)
     for mine, theirs in zip(four.optimizer.variables[-moments:],
                             one.optimizer.variables[-moments:]):
@@ -466,7 +511,7 @@ def test_state_loads_across_a_change_of_gradient_accumulation(tiny_config, tmp_p
         assert not np.any(keras.ops.convert_to_numpy(accumulator))
     # And back: 4 -> 1.
     four.save_weights(tmp_path / "state-7b.weights.h5")
-    assert runs.load_state(compiled(1), tmp_path / "state-7b.weights.h5", 7) == 7
+    assert loading.load_state(compiled(1), tmp_path / "state-7b.weights.h5", 7) == 7
 
 
 def test_log_rows_hold_the_training_loss_of_their_own_updates(tiny_config, tmp_path):
@@ -512,3 +557,38 @@ def test_log_rows_hold_the_training_loss_of_their_own_updates(tiny_config, tmp_p
         np.testing.assert_allclose(float(row["loss"]), train_loss, rtol=1e-4)
     for row in rows[1::2]:
         np.testing.assert_allclose(float(row["val_loss"]), valid_loss, rtol=1e-4)
+@pytest.mark.backend_independent
+def test_best_weights_hold_the_model_weights_only(tiny_config, tmp_path):
+    """Nothing resumes from best.weights.h5: no optimizer state in it (a third of the bytes)."""
+    import keras
+
+    from keras_transformer import build_model
+    from keras_transformer.run_callbacks import UpdateClock, Validator
+    from keras_transformer.training import compile_model
+
+    class _Echo:  # a translator that returns the references: every BLEU is 100
+        def translate(self, sources, beam_size=1):
+            return list(sources)
+
+    model = build_model(tiny_config)
+    compile_model(model)
+    model.optimizer.build(model.trainable_variables)
+    run = runs.RunFolder(tmp_path)
+    validator = Validator(run, UpdateClock(start_update=5), every=1, translator=_Echo(),
+                          sources=["Ein Hund läuft."], references=["Ein Hund läuft."])
+    validator.set_model(model)
+    validator.validate()
+    model.save_weights(tmp_path / "state.weights.h5")  # Keras' own file, optimizer included
+    with h5py.File(run / runs.BEST_FILE, "r") as best, \
+            h5py.File(tmp_path / "state.weights.h5", "r") as state:
+        assert "optimizer" in state and "optimizer" not in best
+        assert set(best) == set(state) - {"optimizer"}
+    assert (run / runs.BEST_FILE).stat().st_size < 0.5 * (
+        tmp_path / "state.weights.h5").stat().st_size
+    assert run.read_best()["update"] == 5
+    assert run.read_best()["bleu"] == pytest.approx(100.0)
+    fresh = build_model(tiny_config)
+    loading.load_model_weights(fresh, run / runs.BEST_FILE)
+    for mine, theirs in zip(fresh.weights, model.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine),
+                                      keras.ops.convert_to_numpy(theirs))

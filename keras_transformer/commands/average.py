@@ -20,13 +20,13 @@ def add_parser(commands):
 
 def run_average(args):
     setup_logging()
-    from keras_transformer import runs
+    from keras_transformer import loading, runs
     from keras_transformer.training import average_checkpoints
 
     if args.last < 1:
         raise CommandError(f"--last must be >= 1, received {args.last}")
     run = runs.RunFolder(args.run)
-    runs.check_run(run.root)
+    loading.check_run(run.root)
     checkpoints = run.checkpoints()[-args.last:]
     if not checkpoints:
         raise CommandError(f"{run.checkpoint_dir} holds no ckpt-<update>.weights.h5")

@@ -187,21 +187,6 @@ def translate_batches(translate_batch, lines, *, batch_size=32, progress=None):
         progress(done, time.time() - start, final=True)
 
 
-def translate_lines(signature, lines, *, batch_size=32, progress=None):
-    """Yields one translation (str) per input line (bytes or str), in order.
-
-    Args:
-        signature: a loaded `serving_default` or `translate_greedy` signature.
-        lines: an iterable of sentences.
-        batch_size: sentences per call of the signature.
-        progress: `None`, or a callable `progress(done, elapsed_seconds,
-            final=False)`, called after each batch and once at the end.
-    """
-    for translation, _ in translate_batches(signature_translate_fn(signature), lines,
-                                            batch_size=batch_size, progress=progress):
-        yield translation
-
-
 def format_line(translation, score, with_score):
     """An output line without its end: the translation, or `score<TAB>translation`."""
     if not with_score:
@@ -289,7 +274,7 @@ def _load_saved_model(args):
 def _load_run(args, batch_size):
     from keras_transformer.config import DecodingOptions
     from keras_transformer.model import quantized, with_dtype
-    from keras_transformer.runs import load_run
+    from keras_transformer.loading import load_run
     from keras_transformer.translate import Translator
 
     run_dir = pathlib.Path(args.run)

@@ -55,7 +55,7 @@ import numpy as np
 
 from keras_transformer import names
 from keras_transformer.data.readers import CorpusError, iter_parallel_lines
-from keras_transformer.runs import file_lock, file_sha256
+from keras_transformer.files import file_lock, file_sha256
 
 logger = logging.getLogger("keras_transformer")
 

@@ -139,10 +139,6 @@ class LengthPolicyCounts:
     source_tokens: int
     target_tokens: int
 
-    @property
-    def num_kept_for_training(self):
-        return self.num_pairs - self.num_over_long
-
 
 def default_window_parallelism():
     """Windows decoded at once: one per 8 CPU cores, at least one.

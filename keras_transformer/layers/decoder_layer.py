@@ -2,7 +2,7 @@
 
 from keras import layers
 
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 from keras_transformer.layers.encoder_layer import (
     _SublayerMixin,
     feed_forward_layers,

@@ -5,7 +5,7 @@ import math
 import keras_hub
 from keras import initializers, ops
 
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 
 
 @register

@@ -2,7 +2,7 @@
 
 from keras import layers
 
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 
 

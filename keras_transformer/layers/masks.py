@@ -2,7 +2,7 @@
 
 from keras import layers, ops
 
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 
 
 def padding_mask(token_ids, pad_id=0):

@@ -4,7 +4,7 @@ import math
 
 from keras import initializers, layers, ops
 
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 from keras_transformer.layers.masks import causal_mask, merge_masks
 from keras_transformer.layers.updates import slice_update
 

@@ -2,7 +2,7 @@
 
 from keras import initializers, layers, ops
 
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 
 
 def sinusoid(positions, d_model, dtype="float32"):

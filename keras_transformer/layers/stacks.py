@@ -2,7 +2,7 @@
 
 from keras import layers, ops
 
-from keras_transformer.api import register
+from keras_transformer.serialization import register
 from keras_transformer.layers.decoder_layer import DecoderLayer
 from keras_transformer.layers.encoder_layer import EncoderLayer
 from keras_transformer.layers.positional_encoding import PositionalEncoding
