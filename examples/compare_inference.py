@@ -228,7 +228,7 @@ def _saved_model(spec, path):
 def _ct2(spec, path):
     import ctranslate2
 
-    from keras_transformer.export_ctranslate2 import CTranslate2Translator
+    from keras_transformer.ctranslate2_runtime import CTranslate2Translator
 
     translator = CTranslate2Translator(
         path, intra_threads=spec["ct2_threads"], batch_size=spec["batch_size"],

@@ -1,9 +1,10 @@
 """Translating text with a trained model.
 
-`Translator` turns sentences into translations: source ids
-(`Tokenizer.encode_source`), length-sorted batches, beam search
-(`keras_transformer.decoding`), text (`Tokenizer.decode_output`), original
-order. Scoring them is `keras_transformer.evaluation`.
+`Translator` turns sentences into translations: the shell of
+`keras_transformer.inference` (source ids by `Tokenizer.encode_source`,
+length-sorted batches, text by `Tokenizer.decode_output`, original order)
+around beam search (`keras_transformer.decoding`). Scoring them is
+`keras_transformer.evaluation`.
 """
 
 import math
@@ -13,18 +14,14 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.decoding import DecodingOptions, decode
-
-
-def _to_strings(texts):
-    """`decode_output`'s `(batch,)` `tf.string` tensor -> list of str (valid UTF-8)."""
-    return [t.decode("utf-8") for t in texts.numpy()]
+from keras_transformer.inference import TranslatorShell
 
 
 def _round_up(value, multiple):
     return int(math.ceil(value / multiple) * multiple)
 
 
-class Translator:
+class Translator(TranslatorShell):
     """Translates lists of sentences with a `Transformer` and a subword tokenizer.
 
     Sentences become source ids with the tokenizer's `encode_source`
@@ -91,13 +88,11 @@ class Translator:
                 f"tokenizer has {size} ids but the model's vocabulary has "
                 f"only {config.vocab_size}"
             )
-        for name, value in (("batch_size", batch_size),
-                            ("length_multiple", length_multiple)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, received {value!r}")
+        if not isinstance(length_multiple, int) or length_multiple < 1:
+            raise ValueError("length_multiple must be a positive integer, received "
+                             f"{length_multiple!r}")
+        super().__init__(tokenizer, config.max_length, batch_size)
         self.model = model
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
         options = DecodingOptions() if options is None else options
         if not isinstance(options, DecodingOptions):
             raise TypeError("options must be a keras_transformer.DecodingOptions, "
@@ -108,22 +103,7 @@ class Translator:
         # Fixed batch shapes only matter where the search is compiled.
         self._pad_batches = keras.backend.backend() != "torch" and jit_compile is not False
 
-    # --- encoding and decoding ids ---------------------------------------------
-
-    def encode(self, sentences):
-        """Source ids of each sentence (`Tokenizer.encode_source` at `config.max_length`).
-
-        Args:
-            sentences: a list of `str` or `bytes`.
-
-        Returns:
-            A list of int lists: pieces, truncated, then EOS; `[]` for a blank
-            sentence.
-        """
-        if not sentences:
-            return []
-        return self.tokenizer.encode_source(list(sentences), self.model.config.max_length
-                                            ).to_list()
+    # --- decoding ids ---------------------------------------------------------
 
     def _batch_array(self, rows):
         width = _round_up(max(len(r) for r in rows), self.length_multiple)
@@ -146,11 +126,17 @@ class Translator:
             raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
         return self.options.replace(beam_size=beam_size, alpha=alpha)
 
-    def _decode(self, source, options):
-        """NumPy `(tokens, scores)` of one batch, see `decoding.decode`."""
+    def decode_rows(self, source_ids, options):
+        """NumPy `(tokens, scores)` of one batch (`TranslatorShell.decode_rows`).
+
+        The rows are padded to the batch's shape (`_batch_array`) and searched
+        by `decoding.decode`; the padding rows are dropped again.
+        """
+        source = self._batch_array(source_ids)
         tokens, scores = decode(self.model, source, options, jit_compile=self.jit_compile)
-        return (ops.convert_to_numpy(tokens),
-                ops.convert_to_numpy(scores).astype("float32"))
+        count = len(source_ids)
+        return (ops.convert_to_numpy(tokens)[:count],
+                ops.convert_to_numpy(scores).astype("float32")[:count])
 
     # --- public API --------------------------------------------------------------
 
@@ -229,51 +215,26 @@ class Translator:
 
     def _translate(self, sentences, beam_size, alpha, progress, *, with_scores,
                    return_attention, caller):
-        """The batching loop of `translate` and `translate_with_scores`.
+        """`translate_sentences`, with the attention weights of each batch when asked.
 
         Returns `(translations, scores or None, attentions or None)`.
         """
-        if isinstance(sentences, (str, bytes)):
-            raise TypeError(f"{caller} expects a list of strings; wrap one sentence "
-                            f"in a list: {caller}([sentence])")
         options = self._options(beam_size, alpha)
-        sentences = [s if isinstance(s, bytes) else str(s) for s in sentences]
-        translations = [""] * len(sentences)
-        scores = [0.0] * len(sentences)
-        attentions = [None] * len(sentences)
-        # Blank sentences get no ids, and no decoding.
-        source_ids = dict(enumerate(self.encode(sentences)))
-        todo = [i for i in range(len(sentences)) if source_ids[i]]
-        # Longest first: the largest shape compiles first and memory peaks early.
-        order = sorted(todo, key=lambda i: len(source_ids[i]), reverse=True)
-        bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
-        skipped = len(sentences) - len(todo)
+        attentions = {}
 
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
-            source = self._batch_array([source_ids[i] for i in batch])
-            tokens, batch_scores = self._decode(source, options)
-            tokens = tokens[: len(batch)]
-            for row, i in enumerate(batch):
-                scores[i] = float(batch_scores[row])
-            texts = _to_strings(self.tokenizer.decode_output(tokens))
-            for i, text in zip(batch, texts):
-                translations[i] = text
-            if return_attention:
-                outputs = self.tokenizer.output_ids(tokens).to_list()
-                ended = [tokens[row].tolist().count(self.model.config.eos_id) > 0
-                         for row in range(len(batch))]
-                targets = [out + [self.model.config.eos_id] if end else out
-                           for out, end in zip(outputs, ended)]
-                records = self.attention_weights([source_ids[i] for i in batch], targets)
-                for i, record in zip(batch, records):
-                    attentions[i] = record
-            if bar is not None:
-                bar.update(min(start + len(batch), len(todo)) + skipped)
-        if bar is not None and not order:
-            bar.update(len(sentences))
+        def attend(indices, source_ids, tokens):
+            eos = self.model.config.eos_id
+            outputs = self.tokenizer.output_ids(tokens).to_list()
+            targets = [out + [eos] if eos in row.tolist() else out
+                       for out, row in zip(outputs, tokens)]
+            attentions.update(zip(indices, self.attention_weights(source_ids, targets)))
+
+        translations, scores = self.translate_sentences(
+            sentences, options, caller=caller, progress=progress,
+            on_batch=attend if return_attention else None)
         return (translations, scores if with_scores else None,
-                attentions if return_attention else None)
+                [attentions.get(i) for i in range(len(translations))]
+                if return_attention else None)
 
     def attention_weights(self, source_ids, target_ids):
         """Attention weights of a teacher-forced pass over given outputs.

@@ -30,11 +30,8 @@ ctranslate2 = pytest.importorskip("ctranslate2")  # the test extra installs it
 import keras_transformer as kt  # noqa: E402
 from keras_transformer.commands import main  # noqa: E402
 from keras_transformer.decoding import greedy_decode  # noqa: E402
-from keras_transformer.export_ctranslate2 import (  # noqa: E402
-    CTranslate2Translator,
-    export_ctranslate2,
-    position_table,
-)
+from keras_transformer.ctranslate2_runtime import CTranslate2Translator  # noqa: E402
+from keras_transformer.export_ctranslate2 import export_ctranslate2, position_table  # noqa: E402
 from keras_transformer.translate import Translator  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -341,7 +338,7 @@ def test_other_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, monkeypa
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
     assert _export("--run", run_dir, "--export-dir", tmp_path) == 1
     assert capsys.readouterr().err.strip() == (
-        "keras-transformer export: error: CTranslate2 export needs the ctranslate2 package: "
+        "keras-transformer export: error: CTranslate2 needs the ctranslate2 package: "
         "pip install ctranslate2 (or pip install 'keras-transformer[ctranslate2]')")
 
 
@@ -355,7 +352,7 @@ def test_translator_uses_no_keras_code_of_the_package(run_dir, tmp_path):
     assert _export("--run", run_dir, "--export-dir", tmp_path, "--model-name", "m", "-q") == 0
     code = (
         "import sys, json\n"
-        "from keras_transformer.export_ctranslate2 import CTranslate2Translator\n"
+        "from keras_transformer.ctranslate2_runtime import CTranslate2Translator\n"
         "light = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('keras', 'tensorflow', 'keras_transformer'))\n"
         "translator = CTranslate2Translator(sys.argv[1], intra_threads=1)\n"

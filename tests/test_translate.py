@@ -104,6 +104,37 @@ def test_translate_matches_direct_decoding_in_input_order(model, tokenizer, proc
         assert len(translation.split()) <= len(ids[row]) + 5
 
 
+@pytest.mark.backend_independent  # no model: the shell around any decoder
+def test_the_shell_skips_blanks_batches_longest_first_and_keeps_the_input_order(
+        tokenizer, processor):
+    from keras_transformer.inference import TranslatorShell
+
+    class Echo(TranslatorShell):  # "decodes" a source into itself, scored by its length
+        batches = []
+
+        def decode_rows(self, source_ids, options):
+            self.batches.append([len(ids) for ids in source_ids])
+            assert options == "the options"
+            return [list(ids) for ids in source_ids], [float(len(ids)) for ids in source_ids]
+
+    shell = Echo(tokenizer, max_length=6, batch_size=2)
+    inputs = ["w1", "", "w1 w2 w3", " \t", "w4 w5", b"w6 w7 w8 w9 w10 w11 w12", "w3"]
+    seen = []
+    translations, scores = shell.translate_sentences(
+        inputs, "the options", on_batch=lambda indices, ids, rows: seen.extend(indices))
+    # Truncated to max_length - 1 pieces (then EOS), blank ones untouched.
+    assert translations == ["w1", "", "w1 w2 w3", "", "w4 w5", "w6 w7 w8 w9 w10", "w3"]
+    assert scores == [2.0, 0.0, 4.0, 0.0, 3.0, 6.0, 2.0]
+    assert Echo.batches == [[6, 4], [3, 2], [2]]  # longest first, batch_size at a time
+    assert seen == [5, 2, 4, 0, 6]
+    for sentence, translation in zip(inputs, translations):  # the sentencepiece library's
+        text = sentence.decode() if isinstance(sentence, bytes) else sentence
+        if text.strip():
+            assert translation == processor.DecodeIds(processor.EncodeAsIds(text)[:5])
+    with pytest.raises(TypeError, match=r"wrap one sentence in a list: go\(\[sentence\]\)"):
+        shell.translate_sentences("w1", None, caller="go")
+
+
 def test_encode_appends_eos_and_truncates_to_max_length(model, tokenizer, processor):
     translator = Translator(model, tokenizer)
     long = " ".join(["w5"] * 100)

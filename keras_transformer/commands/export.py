@@ -58,10 +58,8 @@ def _export_saved_model(args, run_dir):
 
 def _export_ctranslate2(args, run_dir):
     # Any backend: the weights are read as NumPy arrays in this process.
-    from keras_transformer.export_ctranslate2 import (
-        CTranslate2NotInstalled,
-        export_ctranslate2_from_run,
-    )
+    from keras_transformer.ctranslate2_runtime import CTranslate2NotInstalled
+    from keras_transformer.export_ctranslate2 import export_ctranslate2_from_run
 
     given = [_flag(name) for name in _SAVED_MODEL_ONLY if getattr(args, name) is not None]
     if given:
