@@ -145,33 +145,46 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
         source_mask = ops.repeat(source_mask, beam_size, axis=0)  # (B * K, S)
 
     if use_cache:
-        # (B, h, S, d) per layer, computed once; then one copy per beam.
-        cross_cache = model.decoder.compute_cross_attention_cache(encoder_output)
-        if beam_size > 1:
-            cross_cache = [
-                tuple(ops.repeat(t, beam_size, axis=0) for t in layer_cache)
-                for layer_cache in cross_cache
-            ]
-        cache = model.decoder.init_self_attention_cache(
-            rows, buffer_length if cache_length is None else cache_length)
-
-        def next_fn(tokens, cache, index):
-            step_ids = ops.slice(tokens, [0, index], [rows, 1])  # (N, 1)
-            x, cache = model.decoder(
-                model.target_embedding(step_ids),
-                encoder_padding_mask=source_mask,
-                self_attention_cache=cache,
-                cross_attention_cache=cross_cache,
-                cache_update_index=index,
-                training=False,
-            )
-            logits = model.project(x)[:, 0, :]  # (N, V) float32
-            return ops.log_softmax(logits, axis=-1), cache
-
-        return next_fn, cache
-
+        return _cached_step_fn(model, encoder_output, source_mask, rows=rows,
+                               beam_size=beam_size,
+                               cache_length=buffer_length if cache_length is None
+                               else cache_length)
     if beam_size > 1:
         encoder_output = ops.repeat(encoder_output, beam_size, axis=0)
+    return _uncached_step_fn(model, encoder_output, source_mask, rows=rows,
+                             buffer_length=buffer_length, dynamic_prefix=dynamic_prefix), []
+
+
+def _cached_step_fn(model, encoder_output, source_mask, *, rows, beam_size, cache_length):
+    """`make_step_fn` with caches: one decoder position per step."""
+    # (B, h, S, d) per layer, computed once; then one copy per beam.
+    cross_cache = model.decoder.compute_cross_attention_cache(encoder_output)
+    if beam_size > 1:
+        cross_cache = [
+            tuple(ops.repeat(t, beam_size, axis=0) for t in layer_cache)
+            for layer_cache in cross_cache
+        ]
+    cache = model.decoder.init_self_attention_cache(rows, cache_length)
+
+    def next_fn(tokens, cache, index):
+        step_ids = ops.slice(tokens, [0, index], [rows, 1])  # (N, 1)
+        x, cache = model.decoder(
+            model.target_embedding(step_ids),
+            encoder_padding_mask=source_mask,
+            self_attention_cache=cache,
+            cross_attention_cache=cross_cache,
+            cache_update_index=index,
+            training=False,
+        )
+        logits = model.project(x)[:, 0, :]  # (N, V) float32
+        return ops.log_softmax(logits, axis=-1), cache
+
+    return next_fn, cache
+
+
+def _uncached_step_fn(model, encoder_output, source_mask, *, rows, buffer_length,
+                      dynamic_prefix):
+    """`make_step_fn`'s slow reference: the decoder re-runs on the whole prefix."""
 
     def uncached_next_fn(tokens, cache, index):
         if dynamic_prefix:
@@ -193,7 +206,7 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, use_cache=Tru
         logits = model.project(x)[:, 0, :]
         return ops.log_softmax(logits, axis=-1), cache
 
-    return uncached_next_fn, []
+    return uncached_next_fn
 
 
 def cache_lengths(buffer_length, first=16):
@@ -467,37 +480,67 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, received alpha={alpha!r}")
-    K, L = beam_size, buffer_length
-    max_lengths = ops.cast(ops.convert_to_tensor(max_lengths), "int32")
-    B = ops.shape(max_lengths)[0]  # an int, or a scalar tensor in a TF graph
-    max_penalty = length_penalty(ops.cast(ops.maximum(max_lengths, 1), "float32"),
-                                 alpha)  # (B,)
-
-    alive_seq = ops.reshape(_initial_tokens(B * K, L, bos_id, pad_id), (B, K, L + 1))
-    # Only beam 0 is live at first, so the K copies of BOS do not fill the beam.
-    first = ops.cast(ops.equal(ops.arange(K), 0), "float32")
-    alive_log_probs = ops.tile(ops.where(first > 0, 0.0, _NEG_INF)[None, :], (B, 1))
-    finished_seq = alive_seq
-    finished_scores = ops.full((B, K), _NEG_INF, "float32")
-    done = ops.less_equal(max_lengths, 0)
+    search = _BeamSearch(max_lengths, beam_size=beam_size, buffer_length=buffer_length,
+                         alpha=alpha, eos_id=eos_id, min_length=min_length,
+                         all_beams=return_all_beams, step_log_probs=return_step_log_probs)
+    done, state = search.init(bos_id, pad_id)
     index = ops.convert_to_tensor(0, "int32")
-    state = dict(alive_seq=alive_seq, alive_log_probs=alive_log_probs,
-                 finished_seq=finished_seq, finished_scores=finished_scores)
-    if return_step_log_probs:
-        state["alive_steps"] = ops.zeros((B, K, L), "float32")
-        state["finished_steps"] = ops.zeros((B, K, L), "float32")
-
-    # Flat-row offsets of the K alive, 2K extended and 3K merged hypotheses:
-    # loop invariants, computed once rather than at every step.
-    offsets = {width: _row_offsets(B, width) for width in (K, 2 * K, 3 * K)}
 
     def cond(index, done, state, cache):
-        return ops.logical_and(ops.less(index, L), ops.logical_not(ops.all(done)))
+        return ops.logical_and(ops.less(index, search.L), ops.logical_not(ops.all(done)))
 
     def body(index, done, state, cache):
-        flat_tokens = ops.reshape(state["alive_seq"], (B * K, L + 1))
+        return search.step(next_fn, index, done, state, cache)
+
+    _, _, state, _ = _while_in_segments(cond, body, (index, done, state, cache),
+                                        buffer_length=search.L, segments=segments,
+                                        grow_fn=grow_fn)
+    return search.finalize(state)
+
+
+class _BeamSearch:
+    """The three parts of `run_beam_search`: the initial state, one step, the result.
+
+    Holds what every step shares: the sizes (`B` sentences, `K` beams, `L`
+    positions), the length limits and their best possible penalty, and the
+    flat-row offsets of the K alive, 2K extended and 3K merged hypotheses
+    (loop invariants, computed once rather than at every step).
+    """
+
+    def __init__(self, max_lengths, *, beam_size, buffer_length, alpha, eos_id, min_length,
+                 all_beams, step_log_probs):
+        self.K, self.L = beam_size, buffer_length
+        self.max_lengths = ops.cast(ops.convert_to_tensor(max_lengths), "int32")
+        self.B = ops.shape(self.max_lengths)[0]  # an int, or a scalar tensor in a TF graph
+        self.alpha, self.eos_id, self.min_length = alpha, eos_id, min_length
+        self.all_beams, self.step_log_probs = all_beams, step_log_probs
+        self.max_penalty = length_penalty(
+            ops.cast(ops.maximum(self.max_lengths, 1), "float32"), alpha)  # (B,)
+        K = self.K
+        self.offsets = {width: _row_offsets(self.B, width) for width in (K, 2 * K, 3 * K)}
+
+    def init(self, bos_id, pad_id):
+        """`(done, state)` before the first step: BOS in beam 0 of every sentence."""
+        B, K, L = self.B, self.K, self.L
+        alive_seq = ops.reshape(_initial_tokens(B * K, L, bos_id, pad_id), (B, K, L + 1))
+        # Only beam 0 is live at first, so the K copies of BOS do not fill the beam.
+        first = ops.cast(ops.equal(ops.arange(K), 0), "float32")
+        state = dict(alive_seq=alive_seq,
+                     alive_log_probs=ops.tile(ops.where(first > 0, 0.0, _NEG_INF)[None, :],
+                                              (B, 1)),
+                     finished_seq=alive_seq,
+                     finished_scores=ops.full((B, K), _NEG_INF, "float32"))
+        if self.step_log_probs:
+            state["alive_steps"] = ops.zeros((B, K, L), "float32")
+            state["finished_steps"] = ops.zeros((B, K, L), "float32")
+        return ops.less_equal(self.max_lengths, 0), state
+
+    def step(self, next_fn, index, done, state, cache):
+        """One position: extend, keep the K best alive, merge the newly finished."""
+        B, K, offsets = self.B, self.K, self.offsets
+        flat_tokens = ops.reshape(state["alive_seq"], (B * K, self.L + 1))
         log_probs, cache = next_fn(flat_tokens, cache, index)  # (B * K, V)
-        log_probs = _mask_early_eos(log_probs, index, eos_id, min_length)
+        log_probs = _mask_early_eos(log_probs, index, self.eos_id, self.min_length)
         V = log_probs.shape[-1]
         log_probs = ops.reshape(log_probs, (B, K * V))
         candidates = ops.reshape(state["alive_log_probs"], (B, K, 1)) + ops.reshape(
@@ -512,8 +555,8 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         top_seq = _gather_beams(state["alive_seq"], top_beam, offsets[K])  # (B, 2K, L + 1)
         top_seq = slice_update(top_seq, [0, 0, index + 1], top_token[:, :, None])
         length = index + 1  # output length of every extension, EOS included
-        ends = ops.logical_or(ops.equal(top_token, eos_id),
-                              ops.greater_equal(length, max_lengths)[:, None])
+        ends = ops.logical_or(ops.equal(top_token, self.eos_id),
+                              ops.greater_equal(length, self.max_lengths)[:, None])
 
         # Alive: the K best extensions that did not end.
         alive_candidates = ops.where(ends, _NEG_INF, top_log_probs)
@@ -526,7 +569,8 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
 
         # Finished: the K best of the old finished and the newly ended.
         new_scores = ops.where(
-            ends, top_log_probs / length_penalty(ops.cast(length, "float32"), alpha), _NEG_INF)
+            ends, top_log_probs / length_penalty(ops.cast(length, "float32"), self.alpha),
+            _NEG_INF)
         merged_scores = ops.concatenate([state["finished_scores"], new_scores], axis=1)
         finished_scores, finished_pick = ops.top_k(merged_scores, K)  # (B, K)
         finished_pick = ops.cast(finished_pick, "int32")
@@ -538,11 +582,10 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
         new_state["finished_seq"] = ops.where(done[:, None, None], state["finished_seq"],
                                               finished_seq)
 
-        if return_step_log_probs:
+        if self.step_log_probs:
             token_log_probs = ops.take_along_axis(log_probs, top_index, axis=1)  # (B, 2K)
             top_steps = _gather_beams(state["alive_steps"], top_beam, offsets[K])
-            top_steps = slice_update(top_steps, [0, 0, index],
-                                         token_log_probs[:, :, None])
+            top_steps = slice_update(top_steps, [0, 0, index], token_log_probs[:, :, None])
             new_state["alive_steps"] = _gather_beams(top_steps, alive_pick, offsets[2 * K])
             merged_steps = ops.concatenate([state["finished_steps"], top_steps], axis=1)
             new_state["finished_steps"] = ops.where(
@@ -550,24 +593,24 @@ def run_beam_search(next_fn, cache, max_lengths, *, buffer_length,
                 _gather_beams(merged_steps, finished_pick, offsets[3 * K]))
 
         # Done when the best alive score cannot improve on the finished one(s).
-        best_possible = alive_log_probs[:, 0] / max_penalty
-        threshold = new_state["finished_scores"][:, K - 1 if return_all_beams else 0]
+        best_possible = alive_log_probs[:, 0] / self.max_penalty
+        threshold = new_state["finished_scores"][:, K - 1 if self.all_beams else 0]
         done = ops.logical_or(done, ops.logical_or(
-            ops.greater_equal(length, max_lengths),
+            ops.greater_equal(length, self.max_lengths),
             ops.greater_equal(threshold, best_possible)))
         return index + 1, done, new_state, cache
 
-    _, _, state, _ = _while_in_segments(cond, body, (index, done, state, cache),
-                                        buffer_length=L, segments=segments, grow_fn=grow_fn)
-    tokens = state["finished_seq"][:, :, 1:]
-    scores = state["finished_scores"]
-    steps = state.get("finished_steps")
-    if not return_all_beams:
-        tokens, scores = tokens[:, 0], scores[:, 0]
-        steps = None if steps is None else steps[:, 0]
-    if return_step_log_probs:
-        return tokens, scores, steps
-    return tokens, scores
+    def finalize(self, state):
+        """`run_beam_search`'s return value from the final state."""
+        tokens = state["finished_seq"][:, :, 1:]
+        scores = state["finished_scores"]
+        steps = state.get("finished_steps")
+        if not self.all_beams:
+            tokens, scores = tokens[:, 0], scores[:, 0]
+            steps = None if steps is None else steps[:, 0]
+        if self.step_log_probs:
+            return tokens, scores, steps
+        return tokens, scores
 
 
 # --- model-level entry points --------------------------------------------------

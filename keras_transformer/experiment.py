@@ -290,19 +290,12 @@ def train(settings):
         return _train_in(run, s, corpus, precision)
 
 
-def _train_in(run, settings, corpus, precision):
-    """`train` once the corpus is known and the run folder is locked."""
+def _build(run, s, tokenizer, precision):
+    """The compiled training model (in the run's precision), its strategy and batch plan."""
     from keras_transformer import training
-    from keras_transformer.evaluation import read_lines
-    from keras_transformer.model import with_dtype
     from keras_transformer.precision import policy_scope
-    from keras_transformer.translate import Translator
 
-    s = settings
-    tokenizer = run_vocabulary.adopt(run, corpus, s.init_from)
-    run.write_json(runs.SETTINGS_FILE, s.to_dict())
     config = s.model_config(vocab_size=tokenizer.vocabulary_size())
-
     strategy = training.get_strategy(s.distribute)
     plan = training.plan_batches(s.tokens_per_batch, grad_accum_steps=s.grad_accum_steps,
                                  replicas=training.num_replicas(strategy),
@@ -316,41 +309,41 @@ def _train_in(run, settings, corpus, precision):
     _check_config(run, config)
     logger.info(f"Model: preset {s.preset}, {model.count_params():,} parameters, "
                 f"{plan.replicas} replica(s)")
+    return model, strategy, plan
 
-    start = restore(model, run, s, strategy)
-    previous = run.read_json(runs.RESULTS_FILE)
-    if start >= s.train_steps and previous and previous.get("final_step") == start:
-        logger.info(f"The run in {run.root} is complete: update {start} of "
-                    f"{s.train_steps}, results in {run.results_file}. Nothing to train; "
-                    "raise --train-steps to continue it.")
-        previous["steps_this_run"] = 0
-        run.write_json(runs.RESULTS_FILE, previous)
-        return previous
 
-    report = None
-    translator = None
-    if start < s.train_steps:
-        if start:
-            logger.info(f"Continuing {run.root} at update {start} (of {s.train_steps})")
-        else:
-            logger.info(f"Starting training at update 0: {s.train_steps} updates")
-        # Seeded with seed + start: a resumed run does not replay its first batches.
-        train_ds, valid_ds, tokens_per_update = corpora.training_datasets(
-            corpus, tokens_per_batch=plan.micro_batch_tokens, max_length=s.max_length,
-            num_replicas=plan.replicas, grad_accum_steps=plan.grad_accum_steps,
-            seed=s.seed + start, bucket_multiple=s.bucket_multiple)
-        logger.info(f"Batches: {plan}; {tokens_per_update:.0f} non-pad target tokens per "
-                    "update on average")
-        bleu_sample = corpora.validation_sample(corpus, s.validation_bleu_sentences)
-        translator = Translator(model, tokenizer, s.decoding_options())
-        report = _fit_checking_shards(corpus, model, run, s, train_ds, valid_ds,
-                                      start_update=start,
-                                      tokens_per_update=tokens_per_update,
-                                      translator=translator, bleu_sample=bleu_sample)
+def _train_stage(run, s, corpus, model, tokenizer, plan, start):
+    """Trains from update `start`: `(FitReport, the validation Translator, tokens per update)`."""
+    from keras_transformer.translate import Translator
+
+    if start:
+        logger.info(f"Continuing {run.root} at update {start} (of {s.train_steps})")
     else:
-        logger.info(f"Training is complete at update {start}; finishing the run "
-                    "(final weights, test, export)")
-        tokens_per_update = None
+        logger.info(f"Starting training at update 0: {s.train_steps} updates")
+    # Seeded with seed + start: a resumed run does not replay its first batches.
+    train_ds, valid_ds, tokens_per_update = corpora.training_datasets(
+        corpus, tokens_per_batch=plan.micro_batch_tokens, max_length=s.max_length,
+        num_replicas=plan.replicas, grad_accum_steps=plan.grad_accum_steps,
+        seed=s.seed + start, bucket_multiple=s.bucket_multiple)
+    logger.info(f"Batches: {plan}; {tokens_per_update:.0f} non-pad target tokens per "
+                "update on average")
+    bleu_sample = corpora.validation_sample(corpus, s.validation_bleu_sentences)
+    translator = Translator(model, tokenizer, s.decoding_options())
+    report = _fit_checking_shards(corpus, model, run, s, train_ds, valid_ds,
+                                  start_update=start, tokens_per_update=tokens_per_update,
+                                  translator=translator, bleu_sample=bleu_sample)
+    return report, translator, tokens_per_update
+
+
+def _finish(run, s, corpus, model, tokenizer, precision, translator, *, update):
+    """Final weights, plot, test score and export: `(final_weights, BleuResult, export path)`.
+
+    Raises:
+        runs.RunError: a write failed; the message says the run is trained
+            and that the same command finishes it.
+    """
+    from keras_transformer.model import with_dtype
+    from keras_transformer.translate import Translator
 
     try:
         final_weights = finalize_weights(model, run, s)
@@ -362,19 +355,53 @@ def _train_in(run, settings, corpus, precision):
         result = evaluate_test(translator, run, s, corpus)
         export_path = export_run(translator, run, s)
     except (files.WriteError, OSError) as error:
-        update = report.final_update if report else start
         raise runs.RunError(
             f"{_what_failed(error)}; training is complete at update {update} and "
             f"{run.newest_state_text()}. Free space (or fix the folder) and run the same "
             "command to finish the run (final weights, test, export)") from None
+    return final_weights, result, export_path
+
+
+def _log_samples(result, corpus, split):
+    """Logs the first three translations of the scored split beside source and reference."""
+    from keras_transformer.evaluation import read_lines
 
     # The lines evaluate_bleu translated (blank ones included), so samples align.
-    sources, references = (read_lines(p) for p in corpus.text_paths(s.eval_split))
-    lines = [f"Sample translations ({s.eval_split} split):"]
+    sources, references = (read_lines(p) for p in corpus.text_paths(split))
+    lines = [f"Sample translations ({split} split):"]
     for i in range(min(3, len(result.hypotheses))):
         lines.append(f"  EN:  {sources[i]}\n  REF: {references[i]}\n  HYP: "
                      f"{result.hypotheses[i]}")
     logger.info("\n".join(lines))
+
+
+def _train_in(run, settings, corpus, precision):
+    """`train` once the corpus is known and the run folder is locked."""
+    s = settings
+    tokenizer = run_vocabulary.adopt(run, corpus, s.init_from)
+    run.write_json(runs.SETTINGS_FILE, s.to_dict())
+    model, strategy, plan = _build(run, s, tokenizer, precision)
+    start = restore(model, run, s, strategy)
+    previous = run.read_json(runs.RESULTS_FILE)
+    if start >= s.train_steps and previous and previous.get("final_step") == start:
+        logger.info(f"The run in {run.root} is complete: update {start} of "
+                    f"{s.train_steps}, results in {run.results_file}. Nothing to train; "
+                    "raise --train-steps to continue it.")
+        previous["steps_this_run"] = 0
+        run.write_json(runs.RESULTS_FILE, previous)
+        return previous
+
+    report, translator, tokens_per_update = None, None, None
+    if start < s.train_steps:
+        report, translator, tokens_per_update = _train_stage(run, s, corpus, model, tokenizer,
+                                                             plan, start)
+    else:
+        logger.info(f"Training is complete at update {start}; finishing the run "
+                    "(final weights, test, export)")
+    final_weights, result, export_path = _finish(
+        run, s, corpus, model, tokenizer, precision, translator,
+        update=report.final_update if report else start)
+    _log_samples(result, corpus, s.eval_split)
     summary = {
         "eval_split": s.eval_split,
         "bleu": result.bleu, "chrf": result.chrf, "bleu_signature": result.bleu_signature,

@@ -405,16 +405,7 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
     """
     import keras
 
-    model = getattr(translator, "model", None)
-    tokenizer = getattr(translator, "tokenizer", None)
-    if model is None or not hasattr(model, "config"):
-        raise TypeError("translator must be a keras_transformer Translator (with .model "
-                        f"and .tokenizer), received {type(translator).__name__}")
-    if not hasattr(tokenizer, "model_proto") or not isinstance(tokenizer, tf.Module):
-        raise TypeError(
-            "the translator's tokenizer must be a keras_transformer.data.Tokenizer "
-            "(SentencePiece ops in the graph); received "
-            f"{type(tokenizer).__name__}")
+    model, tokenizer = _translator_parts(translator)
     decoding = getattr(translator, "options", None) or DecodingOptions()
     decoding = decoding.replace(beam_size=beam_size, alpha=alpha,
                                 max_extra_length=max_extra_length)
@@ -437,16 +428,9 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         if model_dtype != "float32":
             raise ValueError("under the JAX or PyTorch backend, export the float32 model "
                              f"(dtype={dtype!r} casts it) instead of a {model_dtype} one")
-        with tempfile.TemporaryDirectory(prefix="kt_export_") as tmp:
-            tmp = pathlib.Path(tmp)
-            save_weights(model, tmp / "model.weights.h5",
-                         what="writing the export's temporary weights")
-            (tmp / names.CONFIG_FILE).write_text(json.dumps(model.config.to_dict()))
-            (tmp / TOKENIZER_ASSET).write_bytes(tokenizer.model_proto)
-            return _export_in_subprocess(tmp, export_dir, model_name=model_name,
-                                         version=version, overwrite=overwrite,
-                                         verbose=verbose, weights=tmp / "model.weights.h5",
-                                         **options)
+        return _export_through_tensorflow(model, tokenizer, export_dir, model_name=model_name,
+                                          version=version, overwrite=overwrite,
+                                          verbose=verbose, **options)
 
     # A hidden (non-numeric) folder: TF Serving ignores it until the rename;
     # a killed export's is removed by the next export into model_dir.
@@ -467,6 +451,33 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         print(f"Exported {BEAM_SIGNATURE} (beam {options['beam_size']}, alpha "
               f"{options['alpha']}{weights}) and {GREEDY_SIGNATURE} to {target}")
     return target
+
+
+def _translator_parts(translator):
+    """`(model, tokenizer)` of a `Translator`; `TypeError` for anything else."""
+    model = getattr(translator, "model", None)
+    tokenizer = getattr(translator, "tokenizer", None)
+    if model is None or not hasattr(model, "config"):
+        raise TypeError("translator must be a keras_transformer Translator (with .model "
+                        f"and .tokenizer), received {type(translator).__name__}")
+    if not hasattr(tokenizer, "model_proto") or not isinstance(tokenizer, tf.Module):
+        raise TypeError(
+            "the translator's tokenizer must be a keras_transformer.data.Tokenizer "
+            "(SentencePiece ops in the graph); received "
+            f"{type(tokenizer).__name__}")
+    return model, tokenizer
+
+
+def _export_through_tensorflow(model, tokenizer, export_dir, **arguments):
+    """Under JAX or PyTorch: the weights to a temporary folder, exported by a TensorFlow child."""
+    with tempfile.TemporaryDirectory(prefix="kt_export_") as tmp:
+        tmp = pathlib.Path(tmp)
+        save_weights(model, tmp / "model.weights.h5",
+                     what="writing the export's temporary weights")
+        (tmp / names.CONFIG_FILE).write_text(json.dumps(model.config.to_dict()))
+        (tmp / TOKENIZER_ASSET).write_bytes(tokenizer.model_proto)
+        return _export_in_subprocess(tmp, export_dir, weights=tmp / "model.weights.h5",
+                                     **arguments)
 
 
 def _write_version(staging, target, model, tokenizer, decoding, options, dtype, model_dtype,

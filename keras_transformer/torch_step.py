@@ -256,8 +256,6 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, cache_length=
     import torch
     from keras import ops
 
-    from keras_transformer.layers.positional_encoding import sinusoid
-
     ok, reason = supports(model)
     if not ok:
         raise ValueError(f"the plain PyTorch step cannot decode this model: {reason}")
@@ -282,54 +280,83 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, cache_length=
         cross_mask = torch.where(source_mask, 0.0, _MASK_LOGIT)[:, None, None, :]  # (N, 1, 1, S)
         cache = decoder.init_self_attention_cache(rows, cache_length or buffer_length)
 
-        blocks = [_Block(block) for block in decoder.stack]
-        output = (_Linear(model.output_projection) if model.output_projection is not None
-                  else None)
-        final_norm = (_LayerNorm(decoder.final_norm) if decoder.final_norm is not None
-                      else None)
-        positions = decoder.positional_encoding
-        if positions.learned:
-            position_table = positions.position_embeddings.value
-        else:
-            position_table = sinusoid(torch.arange(buffer_length), decoder.d_model)
+    return _Step(model, embedding, rows=rows, cross_cache=cross_cache, cross_mask=cross_mask,
+                 buffer_length=buffer_length), cache
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def attend(block, query, keys, values, mask):
+class _Step:
+    """`make_step_fn`'s `next_fn`: one decoder position for every row, in plain PyTorch.
+
+    Args:
+        model: the Keras model whose weights the step reads (as torch tensors).
+        embedding: its target `_Embedding`.
+        rows: N, the rows of every step (`batch * beam_size`).
+        cross_cache: per-layer `(keys, values)` of the encoder output.
+        cross_mask: `(N, 1, 1, S)` additive mask of the source padding.
+        buffer_length: the most positions a search feeds (the sinusoid's rows).
+    """
+
+    def __init__(self, model, embedding, *, rows, cross_cache, cross_mask, buffer_length):
+        import torch
+
+        from keras_transformer.layers.positional_encoding import sinusoid
+
+        decoder = model.decoder
+        self.embedding, self.rows = embedding, rows
+        self.cross_cache, self.cross_mask = cross_cache, cross_mask
+        with torch.no_grad():
+            self.blocks = [_Block(block) for block in decoder.stack]
+            self.output = (_Linear(model.output_projection)
+                           if model.output_projection is not None else None)
+            self.final_norm = (_LayerNorm(decoder.final_norm)
+                               if decoder.final_norm is not None else None)
+            positions = decoder.positional_encoding
+            if positions.learned:
+                self.position_table = positions.position_embeddings.value
+            else:
+                self.position_table = sinusoid(torch.arange(buffer_length), decoder.d_model)
+        self.torch = torch
+        self.sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def _attend(self, block, query, keys, values, mask):
         # query (N, h * dk) -> (N, h, 1, dk); keys (N, h, T, dk) -> context (N, h * dv)
-        query = query.view(rows, block.heads, 1, block.key_dim)
-        context = sdpa(query, keys, values, attn_mask=mask)
-        return context.reshape(rows, block.heads * block.value_dim)
+        query = query.view(self.rows, block.heads, 1, block.key_dim)
+        context = self.sdpa(query, keys, values, attn_mask=mask)
+        return context.reshape(self.rows, block.heads * block.value_dim)
 
-    def residual(x, y, norm, norm_first):
+    @staticmethod
+    def _residual(x, y, norm, norm_first):
         # Post-norm (the paper): LayerNorm(x + y); pre-norm: x + y, y from LayerNorm(x).
         return x + y if norm_first else norm(x + y)
 
-    def next_fn(tokens, cache, index):
+    def _block(self, block, x, step, keys, values, cross_keys, cross_values):
+        h, dk, dv = block.heads, block.key_dim, block.value_dim
+        pre = block.norm_first
+        # Masked self-attention over positions 0..step (the causal mask of one query).
+        y = block.self_norm(x) if pre else x
+        q, k, v = self.torch.split(block.qkv(y), [h * dk, h * dk, h * dv], dim=-1)
+        keys[:, :, step] = k.view(self.rows, h, dk)
+        values[:, :, step] = v.view(self.rows, h, dv)
+        y = self._attend(block, q, keys[:, :, : step + 1], values[:, :, : step + 1], None)
+        x = self._residual(x, block.self_output(y), block.self_norm, pre)
+        # Encoder-decoder attention.
+        y = block.cross_norm(x) if pre else x
+        y = self._attend(block, block.cross_query(y), cross_keys, cross_values,
+                         self.cross_mask)
+        x = self._residual(x, block.cross_output(y), block.cross_norm, pre)
+        # Feed-forward network.
+        y = block.ffn_norm(x) if pre else x
+        return self._residual(x, block.ffn_output(block.ffn_inner(y)), block.ffn_norm, pre)
+
+    def __call__(self, tokens, cache, index):
+        torch = self.torch
         with torch.no_grad():
             step = int(index)
-            x = embedding.lookup(tokens[:, step]) + position_table[step]  # (N, d_model)
+            x = self.embedding.lookup(tokens[:, step]) + self.position_table[step]  # (N, d)
             for block, (keys, values), (cross_keys, cross_values) in zip(
-                    blocks, cache, cross_cache):
-                h, dk, dv = block.heads, block.key_dim, block.value_dim
-                pre = block.norm_first
-                # Masked self-attention over positions 0..step (the causal mask of one query).
-                y = block.self_norm(x) if pre else x
-                q, k, v = torch.split(block.qkv(y), [h * dk, h * dk, h * dv], dim=-1)
-                keys[:, :, step] = k.view(rows, h, dk)
-                values[:, :, step] = v.view(rows, h, dv)
-                y = attend(block, q, keys[:, :, : step + 1], values[:, :, : step + 1], None)
-                x = residual(x, block.self_output(y), block.self_norm, pre)
-                # Encoder-decoder attention.
-                y = block.cross_norm(x) if pre else x
-                y = attend(block, block.cross_query(y), cross_keys, cross_values, cross_mask)
-                x = residual(x, block.cross_output(y), block.cross_norm, pre)
-                # Feed-forward network.
-                y = block.ffn_norm(x) if pre else x
-                x = residual(x, block.ffn_output(block.ffn_inner(y)), block.ffn_norm, pre)
-            if final_norm is not None:
-                x = final_norm(x)
-            logits = output(x) if output is not None else embedding.reverse(x)
+                    self.blocks, cache, self.cross_cache):
+                x = self._block(block, x, step, keys, values, cross_keys, cross_values)
+            if self.final_norm is not None:
+                x = self.final_norm(x)
+            logits = self.output(x) if self.output is not None else self.embedding.reverse(x)
             return torch.log_softmax(logits.to(torch.float32), dim=-1), cache
-
-    return next_fn, cache

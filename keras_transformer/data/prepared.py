@@ -55,7 +55,7 @@ import numpy as np
 
 from keras_transformer import names
 from keras_transformer.data.readers import CorpusError, iter_parallel_lines
-from keras_transformer.files import file_lock, file_sha256
+from keras_transformer.files import file_lock, file_sha256, staging_dir
 
 logger = logging.getLogger("keras_transformer")
 
@@ -374,84 +374,21 @@ def prepare(inputs, output_dir, *, vocab_size, tokenizer_file=None, num_shards=N
     """
     import sentencepiece
 
-    from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
-
     start = time.time()
     output_dir = pathlib.Path(output_dir)
-    partial = output_dir.parent / f".{output_dir.name}.partial-{os.getpid()}"
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    try:
+    # A staging folder beside the result; one a killed `prepare` left is
+    # removed by the next one (`files.staging_dir`).
+    with staging_dir(output_dir.parent, output_dir.name) as staging:
+        partial = staging / "corpus"
+        partial.mkdir()
         spm_file = partial / TOKENIZER_FILE
-        if tokenizer_file is not None:
-            shutil.copyfile(tokenizer_file, spm_file)
-            tokenizer = Tokenizer.load(spm_file)
-            logger.info(f"Encoding with the given vocabulary {tokenizer_file}")
-        else:
-            tokenizer_start = time.time()
-            failures = []
-
-            def sentences():
-                # SentencePiece turns an exception of its input iterator into
-                # a multi-line RuntimeError: keep ours, stop, raise it after.
-                try:
-                    for _, source, target in _iter_pairs(inputs.train, "train"):
-                        for text in (source, target):
-                            if text.strip():
-                                yield text
-                except CorpusError as error:
-                    failures.append(error)
-
-            try:
-                tokenizer = train_tokenizer(
-                    [p for p in inputs.files().get("train", ())], vocab_size, spm_file,
-                    max_sentences=tokenizer_sample, seed=seed, sentences=sentences())
-            except ValueError as error:
-                if failures:
-                    raise failures[0] from None
-                raise PreparedCorpusError(f"--vocab-size {vocab_size}: {error}") from None
-            if failures:
-                raise failures[0]
-            logger.info(f"Trained the shared vocabulary ({tokenizer.vocabulary_size()} ids) "
-                        f"on a sample of at most {tokenizer_sample:,} sentences in "
-                        f"{time.time() - tokenizer_start:.0f} s")
+        tokenizer = _vocabulary(inputs, spm_file, vocab_size=vocab_size,
+                                tokenizer_file=tokenizer_file, seed=seed,
+                                tokenizer_sample=tokenizer_sample)
         processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_proto)
         dtype = "uint16" if tokenizer.vocabulary_size() <= 2**16 else "int32"
-        encoder = _Encoder(processor, dtype)
-
-        splits, text = {}, {}
-        encode_start = time.time()
-        train_stats = _SplitStats()
-        num_shards = num_shards or _default_num_shards(inputs.train)
-        shards = _encode_train(_iter_pairs(inputs.train, "train"), encoder, partial,
-                               num_shards, seed, train_stats)
-        splits["train"] = {**train_stats.to_dict(max_length), "shards": shards}
-        if splits["train"]["pairs"] == 0:
-            raise PreparedCorpusError("the training split has no pair with two non-empty "
-                                      "sides")
-        logger.info(f"Encoded {splits['train']['pairs']:,} training pairs into "
-                    f"{num_shards} shard(s) in {time.time() - encode_start:.0f} s")
-        if inputs.valid is not None:
-            valid_stats = _SplitStats()
-            payloads = [p for chunk in _chunks(_iter_pairs(inputs.valid, "valid"),
-                                               ENCODE_CHUNK)
-                        for p in encoder.encode(chunk, valid_stats)]
-            shard = _write_shard(partial / _shard_name("valid", 0, 1), payloads)
-            splits["valid"] = {**valid_stats.to_dict(max_length), "shards": [shard]}
-        for split in ("valid", "test"):
-            value = getattr(inputs, split)
-            if isinstance(value, (tuple, list)):
-                text[split] = [str(pathlib.Path(p).resolve()) for p in value]
-            elif value is not None:  # a Dataset: keep its (small) text for BLEU
-                from keras_transformer.data.readers import write_parallel_text
-
-                (partial / TEXT_DIR).mkdir(exist_ok=True)
-                names = [f"{TEXT_DIR}/{split}.en", f"{TEXT_DIR}/{split}.de"]
-                write_parallel_text(((s, t) for _, s, t in _iter_pairs(value, split)),
-                                    *(partial / n for n in names))
-                text[split] = names
-
+        splits, text = _encode_splits(inputs, _Encoder(processor, dtype), partial,
+                                      num_shards=num_shards, seed=seed, max_length=max_length)
         manifest = {
             "format": FORMAT,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -478,12 +415,89 @@ def prepare(inputs, output_dir, *, vocab_size, tokenizer_file=None, num_shards=N
             logger.info(f"Replacing the previous preparation in {output_dir}")
             shutil.rmtree(output_dir)
         partial.rename(output_dir)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     corpus = PreparedCorpus(output_dir)
     logger.info(f"Prepared {output_dir} in {time.time() - start:.0f} s: {corpus.summary()}")
     return corpus
+
+
+def _vocabulary(inputs, spm_file, *, vocab_size, tokenizer_file, seed, tokenizer_sample):
+    """`prepare`'s shared vocabulary in `spm_file`: `tokenizer_file` copied, or trained.
+
+    Returns:
+        The `Tokenizer`.
+    """
+    from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
+
+    if tokenizer_file is not None:
+        shutil.copyfile(tokenizer_file, spm_file)
+        logger.info(f"Encoding with the given vocabulary {tokenizer_file}")
+        return Tokenizer.load(spm_file)
+    start = time.time()
+    failures = []
+
+    def sentences():
+        # SentencePiece turns an exception of its input iterator into a
+        # multi-line RuntimeError: keep ours, stop, raise it after.
+        try:
+            for _, source, target in _iter_pairs(inputs.train, "train"):
+                for text in (source, target):
+                    if text.strip():
+                        yield text
+        except CorpusError as error:
+            failures.append(error)
+
+    try:
+        tokenizer = train_tokenizer(
+            [p for p in inputs.files().get("train", ())], vocab_size, spm_file,
+            max_sentences=tokenizer_sample, seed=seed, sentences=sentences())
+    except ValueError as error:
+        if failures:
+            raise failures[0] from None
+        raise PreparedCorpusError(f"--vocab-size {vocab_size}: {error}") from None
+    if failures:
+        raise failures[0]
+    logger.info(f"Trained the shared vocabulary ({tokenizer.vocabulary_size()} ids) "
+                f"on a sample of at most {tokenizer_sample:,} sentences in "
+                f"{time.time() - start:.0f} s")
+    return tokenizer
+
+
+def _encode_splits(inputs, encoder, partial, *, num_shards, seed, max_length):
+    """`prepare`'s shards (training, validation) and the text files kept for BLEU.
+
+    Returns:
+        `(splits, text)`: the manifest's `splits` and `text` entries.
+    """
+    splits, text = {}, {}
+    start = time.time()
+    train_stats = _SplitStats()
+    num_shards = num_shards or _default_num_shards(inputs.train)
+    shards = _encode_train(_iter_pairs(inputs.train, "train"), encoder, partial,
+                           num_shards, seed, train_stats)
+    splits["train"] = {**train_stats.to_dict(max_length), "shards": shards}
+    if splits["train"]["pairs"] == 0:
+        raise PreparedCorpusError("the training split has no pair with two non-empty sides")
+    logger.info(f"Encoded {splits['train']['pairs']:,} training pairs into "
+                f"{num_shards} shard(s) in {time.time() - start:.0f} s")
+    if inputs.valid is not None:
+        valid_stats = _SplitStats()
+        payloads = [p for chunk in _chunks(_iter_pairs(inputs.valid, "valid"), ENCODE_CHUNK)
+                    for p in encoder.encode(chunk, valid_stats)]
+        shard = _write_shard(partial / _shard_name("valid", 0, 1), payloads)
+        splits["valid"] = {**valid_stats.to_dict(max_length), "shards": [shard]}
+    for split in ("valid", "test"):
+        value = getattr(inputs, split)
+        if isinstance(value, (tuple, list)):
+            text[split] = [str(pathlib.Path(p).resolve()) for p in value]
+        elif value is not None:  # a Dataset: keep its (small) text for BLEU
+            from keras_transformer.data.readers import write_parallel_text
+
+            (partial / TEXT_DIR).mkdir(exist_ok=True)
+            names = [f"{TEXT_DIR}/{split}.en", f"{TEXT_DIR}/{split}.de"]
+            write_parallel_text(((s, t) for _, s, t in _iter_pairs(value, split)),
+                                *(partial / n for n in names))
+            text[split] = names
+    return splits, text
 
 
 def stale_reason(output_dir, inputs, *, vocab_size, tokenizer_file=None):
