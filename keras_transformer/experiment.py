@@ -18,7 +18,6 @@ Keras backend. Scoring a finished run is `keras_transformer.evaluation`.
 import contextlib
 import dataclasses
 import logging
-import os
 import pathlib
 
 import keras
@@ -142,8 +141,7 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
         model.fit(train_ds, epochs=1, steps_per_epoch=remaining * s.grad_accum_steps,
                   shuffle=False, callbacks=[timer, *job_callbacks, *callbacks], verbose=0)
     except files.WriteError as error:
-        raise runs.RunError(f"{error}; {run.newest_state_text()}. Free space (or fix the "
-                            "folder) and run the same command to continue") from None
+        raise write_failure(error, run, "continue") from None
     finally:
         stop.restore_handlers()
     if divergence.diverged is not None:
@@ -222,12 +220,36 @@ def evaluate_test(translator, run, settings, corpus):
                          progress=bool(settings.verbose), verbose=bool(settings.verbose))
 
 
-def _what_failed(error):
-    if isinstance(error, files.WriteError):
-        return str(error)
-    reason = os.strerror(error.errno) if getattr(error, "errno", None) else str(error)
-    where = f" {error.filename}" if getattr(error, "filename", None) else ""
-    return f"writing{where} failed: {reason}"
+def write_failure(error, run, then, *, update=None):
+    """The user's line for a write that failed: what, why, what is intact, what to do.
+
+    Args:
+        error: a `files.WriteError`, or another `OSError` (a TensorFlow or
+            library write that failed outside `files`).
+        run: the `RunFolder`.
+        then: what the same command will do once there is space: "continue"
+            (training), "finish" (final weights, test, export) or "write"
+            (only `results.json` is missing).
+        update: for "finish", the update training completed.
+
+    Returns:
+        The `runs.RunError` to raise.
+    """
+    if not isinstance(error, files.WriteError):  # its reason, said as WriteError says it
+        where = getattr(error, "filename", None)
+        error = files.WriteError(where or "", error, f"writing {where}" if where else "writing")
+    what = str(error)
+    if then == "write":
+        return runs.RunError(f"{what}; the run is otherwise complete: run the same command "
+                             "to write it")
+    if then == "finish":
+        state = (f"training is complete at update {update} and {run.newest_state_text()}. "
+                 "Free space (or fix the folder) and run the same command to finish the "
+                 "run (final weights, test, export)")
+    else:
+        state = (f"{run.newest_state_text()}. Free space (or fix the folder) and run the "
+                 "same command to continue")
+    return runs.RunError(f"{what}; {state}")
 
 
 def export_run(translator, run, settings):
@@ -354,11 +376,8 @@ def _finish(run, s, corpus, model, tokenizer, precision, translator, *, update):
         translator = translator or Translator(model, tokenizer, s.decoding_options())
         result = evaluate_test(translator, run, s, corpus)
         export_path = export_run(translator, run, s)
-    except (files.WriteError, OSError) as error:
-        raise runs.RunError(
-            f"{_what_failed(error)}; training is complete at update {update} and "
-            f"{run.newest_state_text()}. Free space (or fix the folder) and run the same "
-            "command to finish the run (final weights, test, export)") from None
+    except OSError as error:  # files.WriteError included
+        raise write_failure(error, run, "finish", update=update) from None
     return final_weights, result, export_path
 
 
@@ -422,8 +441,7 @@ def _train_in(run, settings, corpus, precision):
     try:
         run.write_json(runs.RESULTS_FILE, summary)
     except files.WriteError as error:
-        raise runs.RunError(f"{error}; the run is otherwise complete: run the same command "
-                            "to write it") from None
+        raise write_failure(error, run, "write") from None
     logger.info(f"{'Test' if s.eval_split == 'test' else 'Validation'} BLEU "
                 f"{result.bleu:.2f}, chrF {result.chrf:.2f}; results in "
                 f"{run.results_file}")

@@ -592,3 +592,24 @@ def test_damaged_run_files_are_one_line_naming_the_file(tmp_path, capsys, name, 
         assert err.startswith("keras-transformer translate: error: ")
         message = err
     assert expected in message and str(target) in message, message
+
+
+@pytest.mark.backend_independent
+def test_every_failed_write_is_said_by_one_function(tmp_path):
+    from keras_transformer.experiment import write_failure
+
+    run = runs.RunFolder(tmp_path)
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "x.bin"))
+    mine = files.WriteError(tmp_path / "y.h5", OSError(errno.EDQUOT, "quota"), "writing y")
+    empty = f"{tmp_path} holds no backup or checkpoint yet"
+    assert str(write_failure(full, run, "continue")) == (
+        f"writing {tmp_path}/x.bin failed: No space left on device; {empty}. Free space (or "
+        "fix the folder) and run the same command to continue")
+    assert str(write_failure(mine, run, "finish", update=7)) == (
+        f"writing y failed: {os.strerror(errno.EDQUOT)}; training is complete at update 7 "
+        f"and {empty}. Free space (or fix the folder) and run the same command to finish "
+        "the run (final weights, test, export)")
+    assert str(write_failure(OSError("lost mount"), run, "write")) == (
+        "writing failed: lost mount; the run is otherwise complete: run the same command to "
+        "write it")
+    assert isinstance(write_failure(full, run, "write"), runs.RunError)
