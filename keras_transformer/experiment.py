@@ -19,12 +19,12 @@ import contextlib
 import dataclasses
 import logging
 import pathlib
+import signal
 
 import keras
 
-from keras_transformer import files, loading, run_vocabulary, runs
+from keras_transformer import files, loading, run_guard, run_vocabulary, runs
 from keras_transformer.data import corpora
-from keras_transformer.run_callbacks import is_chief
 from keras_transformer.training import peak_memory_mib, plot_training
 
 logger = logging.getLogger("keras_transformer")
@@ -85,8 +85,9 @@ def restore(model, run, settings, strategy=None):
 
 @dataclasses.dataclass
 class FitReport:
-    """What `fit` did: updates, time, throughput, memory."""
+    """What `fit` did: how it stopped, updates, time, throughput, memory."""
 
+    outcome: "run_guard.Outcome"
     start_update: int
     final_update: int
     seconds: float
@@ -100,64 +101,96 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
         translator=None, bleu_sample=((), ()), callbacks=()):
     """Stage 6: trains from `start_update` to `settings.train_steps` in one `model.fit`.
 
-    Callbacks (`keras_transformer.run_callbacks`) write checkpoints, backups,
-    the log, TensorBoard and the best validation BLEU's weights; `callbacks`
-    are added after them (`examples/benchmark_training_job.py` times the
-    updates with one).
+    `run_guard.RunGuard` writes checkpoints, backups, the log, TensorBoard
+    and the best validation BLEU's weights, and stops on a signal or a
+    diverged loss; `callbacks` are added after it
+    (`examples/benchmark_training_job.py` times the updates with one).
+
+    Returns:
+        A `FitReport`; its `outcome` says whether `fit` finished, stopped on
+        a signal or diverged.
     """
-    from keras_transformer.run_callbacks import (DivergenceCheck, SignalStop, StateSaver,
-                                                 TrainingLog, TrainingStopped, UpdateClock,
-                                                 Validator)
     from keras_transformer.training import TrainingTimer
 
     s = settings
     remaining = s.train_steps - start_update
-    clock = UpdateClock(start_update, s.grad_accum_steps)
-    record = {}
+    writer = run_guard.WeightWriter()
     sources, references = bleu_sample
-    log = TrainingLog(run, clock, every=s.log_every, total_updates=s.train_steps,
-                      target_tokens_per_update=tokens_per_update, record=record,
-                      validate_every=s.validate_every)
-    saver = StateSaver(run, clock, checkpoint_every=s.checkpoint_every, keep=s.average_last,
-                       backup_minutes=s.backup_minutes)
-    divergence = DivergenceCheck(clock, log, saver, vocab_size=model.config.vocab_size,
-                                 enabled=s.divergence_check)
-    stop = SignalStop(saver, clock)
-    job_callbacks = [
-        clock,
-        Validator(run, clock, every=s.validate_every, dataset=valid_ds,
-                  translator=translator if s.validation_bleu_sentences else None,
-                  sources=sources, references=references, record=record),
-        log,
-        divergence,  # before the saver: a diverged update is not saved
-        saver,
-        stop,
-    ]
-    # First: its end-of-batch hook runs before the others' (validation,
+    guard = run_guard.RunGuard(
+        start_update=start_update, accumulation_steps=s.grad_accum_steps,
+        saver=run_guard.StateSaver(run, writer, checkpoint_every=s.checkpoint_every,
+                                   keep=s.average_last, backup_minutes=s.backup_minutes),
+        log=run_guard.TrainingLog(run, every=s.log_every, total_updates=s.train_steps,
+                                  target_tokens_per_update=tokens_per_update),
+        divergence=run_guard.DivergenceRule(model.config.vocab_size,
+                                            enabled=s.divergence_check),
+        validator=run_guard.Validator(
+            run, writer, every=s.validate_every, dataset=valid_ds,
+            translator=translator if s.validation_bleu_sentences else None,
+            sources=sources, references=references))
+    # First: its end-of-batch hook runs before the guard's (validation,
     # checkpoints), which it must not time.
     timer = TrainingTimer()
     logger.info(f"Training updates {start_update + 1}-{s.train_steps} ({remaining} updates)")
     try:
         model.fit(train_ds, epochs=1, steps_per_epoch=remaining * s.grad_accum_steps,
-                  shuffle=False, callbacks=[timer, *job_callbacks, *callbacks], verbose=0)
+                  shuffle=False, callbacks=[timer, guard, *callbacks], verbose=0)
     except files.WriteError as error:
         raise write_failure(error, run, "continue") from None
     finally:
-        stop.restore_handlers()
-    if divergence.diverged is not None:
-        raise divergence.error(run)
-    if stop.signal_number is not None:
-        raise TrainingStopped(stop.signal_number, stop.backup)
-    final_update = clock.update
+        guard.close()
+    final_update = guard.update
     report = FitReport(
-        start_update=start_update, final_update=final_update, seconds=timer.elapsed,
-        step_seconds=timer.seconds, steps=final_update - start_update,
+        outcome=guard.outcome, start_update=start_update, final_update=final_update,
+        seconds=timer.elapsed, step_seconds=timer.seconds, steps=final_update - start_update,
         tokens_per_second=timer.tokens_per_second(tokens_per_update / s.grad_accum_steps),
         peak_memory_mib=peak_memory_mib())
-    logger.info(f"Training reached update {final_update} in {report.seconds:.0f} s "
-                f"({report.steps} updates this run, {report.tokens_per_second:.0f} target "
-                f"tokens/s in training steps, peak memory {report.peak_memory_mib:.0f} MiB)")
+    if report.outcome.kind == "finished":
+        logger.info(f"Training reached update {final_update} in {report.seconds:.0f} s "
+                    f"({report.steps} updates this run, {report.tokens_per_second:.0f} target "
+                    f"tokens/s in training steps, peak memory {report.peak_memory_mib:.0f} MiB)")
     return report
+
+
+class Stopped(Exception):
+    """`train` stopped before the end of its updates: a signal, or a diverged loss.
+
+    Attributes:
+        outcome: the `run_guard.Outcome` (`exit_status` is the command's).
+    """
+
+    def __init__(self, outcome, message):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+def stopped(outcome, run):
+    """The `Stopped` of a `fit` that did not finish; a diverged run's later states set aside.
+
+    Training that diverged is rolled back to `outcome.last_good`: the states
+    and log rows written after it move to `rolled_back/` (nothing is
+    deleted), so the same command continues from before the divergence.
+    """
+    if outcome.kind == "signal":
+        name = signal.Signals(outcome.signal_number).name
+        return Stopped(outcome, f"stopped by {name} after update {outcome.update}, backed up "
+                                f"in {outcome.backup}; run the same command to continue from "
+                                "it")
+    run.roll_back_to(outcome.last_good)
+    state = run.newest_good_state()
+    if state is not None:
+        newest = (f"the newest state before it is {state[1].relative_to(run.root)} "
+                  f"(update {state[0]})")
+        again = "continue from that state"
+    else:
+        newest = "no state was written before it"
+        again = "start again from update 0"
+    return Stopped(outcome, (
+        f"training diverged at update {outcome.update}: loss {outcome.loss:.4g}, "
+        f"{outcome.reason}; {newest}, and what was written after update {outcome.last_good} "
+        f"is set aside in {runs.ROLLED_BACK_DIR}/. Nothing was exported. Lower "
+        f"--learning-rate-factor and run again to {again}, or turn this check off with "
+        "--no-divergence-check"))
 
 
 def _fit_checking_shards(corpus, *args, **kwargs):
@@ -296,6 +329,11 @@ def train(settings):
 
     See the module docstring for the stages and for how a run folder is
     continued.
+
+    Raises:
+        Stopped: training stopped on a signal (its last update backed up) or
+            diverged (`stopped`); its `outcome` says which.
+        runs.RunError: a user error, or a write that failed (`write_failure`).
     """
     from keras_transformer import precision as precisions
 
@@ -308,7 +346,7 @@ def train(settings):
     logger.info(f"Precision: {precision}")
 
     corpus = prepare_data(s, run)  # checked before the run folder is created
-    with run.lock() if is_chief() else contextlib.nullcontext():
+    with run.lock() if run_guard.is_chief() else contextlib.nullcontext():
         return _train_in(run, s, corpus, precision)
 
 
@@ -414,6 +452,8 @@ def _train_in(run, settings, corpus, precision):
     if start < s.train_steps:
         report, translator, tokens_per_update = _train_stage(run, s, corpus, model, tokenizer,
                                                              plan, start)
+        if report.outcome.kind != "finished":
+            raise stopped(report.outcome, run)
     else:
         logger.info(f"Training is complete at update {start}; finishing the run "
                     "(final weights, test, export)")

@@ -2,9 +2,9 @@
 
 Backend-agnostic except `get_strategy`, which returns a `tf.distribute`
 strategy (TensorFlow backend) or sets a `keras.distribution` (JAX backend).
-The run's callbacks (checkpoints, backups, the log, validation, signals,
-divergence) are `keras_transformer.run_callbacks`; the job that uses all of
-this is `keras_transformer.experiment`.
+What a run does between updates (checkpoints, backups, the log,
+validation, signals, divergence) is `keras_transformer.run_guard`; the job
+that uses all of this is `keras_transformer.experiment`.
 """
 
 import contextlib
@@ -343,7 +343,7 @@ def plot_training(log_csv, output_png):
     """Writes a PNG of the loss, the validation BLEU and the learning rate against updates.
 
     Args:
-        log_csv: a run's `training_log.csv` (`keras_transformer.run_callbacks
+        log_csv: a run's `training_log.csv` (`keras_transformer.run_guard
             .TrainingLog`: `step`, `loss`, `learning_rate` on every row;
             `val_loss`, `val_bleu` on the rows where validation ran). Logs
             of `keras.callbacks.CSVLogger` with `step` and `learning_rate`

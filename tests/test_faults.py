@@ -84,7 +84,8 @@ def test_a_signal_inside_fit_finishes_the_update_backs_it_up_and_stops(tiny_conf
     import keras
 
     from keras_transformer import build_model
-    from keras_transformer.run_callbacks import SignalStop, StateSaver, UpdateClock
+    from keras_transformer.run_guard import (DivergenceRule, Outcome, RunGuard, StateSaver,
+                                             TrainingLog, WeightWriter)
     from keras_transformer.training import compile_model
 
     rng = np.random.default_rng(0)
@@ -101,15 +102,19 @@ def test_a_signal_inside_fit_finishes_the_update_backs_it_up_and_stops(tiny_conf
             if batch == 4:  # the first micro-batch of update 3 (2 per update)
                 os.kill(os.getpid(), signal.SIGINT)
 
-    clock = UpdateClock(0, accumulation_steps=2)
-    saver = StateSaver(run, clock, checkpoint_every=1000, keep=5, backup_minutes=0)
-    stop = SignalStop(saver, clock)
+    guard = RunGuard(
+        start_update=0, accumulation_steps=2,
+        saver=StateSaver(run, WeightWriter(), checkpoint_every=1000, keep=5, backup_minutes=0),
+        log=TrainingLog(run, every=1000, total_updates=10**6, target_tokens_per_update=24),
+        divergence=DivergenceRule(tiny_config.vocab_size))
     before = signal.getsignal(signal.SIGINT)
     model.fit(_repeat(inputs, target), epochs=1, steps_per_epoch=40, verbose=0, shuffle=False,
-              callbacks=[SendSignal(), clock, saver, stop])
+              callbacks=[SendSignal(), guard])
     # The update in progress (both of its micro-batches) finished, then fit stopped.
-    assert clock.update == 3 and stop.signal_number == signal.SIGINT
-    assert stop.backup == (3, run.backup_path(3))
+    assert guard.update == 3
+    assert guard.outcome == Outcome("signal", 3, signal_number=signal.SIGINT,
+                                    backup=run.backup_path(3))
+    assert guard.outcome.exit_status == 130
     assert [step for step, _ in run.backups()] == [3]
     # Keras counts micro-batches in its first optimizer variable: 2 per update.
     assert _update_of(run.backup_path(3)) == 3 * 2
@@ -137,15 +142,20 @@ def test_a_second_signal_while_saving_exits_at_once_and_removes_the_partial_file
     files.partial_path(backup).write_bytes(b"half a file")
     script = textwrap.dedent(f"""
         import os, pathlib, signal
-        from keras_transformer.run_callbacks import SignalStop
+        from keras_transformer import runs
+        from keras_transformer.run_guard import (DivergenceRule, RunGuard, StateSaver,
+                                                 TrainingLog, WeightWriter)
 
-        class Saver:
-            writing = pathlib.Path({str(backup)!r})
-
-        stop = SignalStop(Saver(), clock=None)
-        stop.on_train_begin()
+        run, writer = runs.RunFolder({str(tmp_path / "run")!r}), WeightWriter()
+        guard = RunGuard(start_update=0, accumulation_steps=1,
+                         saver=StateSaver(run, writer, checkpoint_every=10, keep=5),
+                         log=TrainingLog(run, every=10, total_updates=10,
+                                         target_tokens_per_update=1),
+                         divergence=DivergenceRule(100))
+        guard.install_signal_handlers()
+        writer.writing = pathlib.Path({str(backup)!r})  # "saving" the backup
         os.kill(os.getpid(), signal.SIGTERM)  # the first: noted
-        assert stop.signal_number == signal.SIGTERM
+        assert guard.signal_number == signal.SIGTERM
         os.kill(os.getpid(), signal.SIGTERM)  # the second, while "saving": gone
         print("still running")
     """)
@@ -396,61 +406,72 @@ def test_a_full_disk_during_the_export_leaves_no_version_and_the_rerun_finishes(
 # --- a diverging loss ----------------------------------------------------------------------
 
 
-class _Clock:
-    update, stepped = 0, True
-
-
-class _Log:
-    last_row = None
-
-
-class _Saver:
-    halted = False
-
-    def halt(self):
-        self.halted = True
-
-
-class _Model:
-    stop_training = False
-
-
-def _divergence(vocab_size=500, enabled=True):
-    from keras_transformer.run_callbacks import DivergenceCheck
-
-    clock, log, saver = _Clock(), _Log(), _Saver()
-    check = DivergenceCheck(clock, log, saver, vocab_size=vocab_size, enabled=enabled)
-    check.set_model(_Model())
-    check.on_train_begin()
-    return check, clock, log, saver
-
-
-def _feed(check, clock, log, losses, every=5):
-    for loss in losses:
-        clock.update += every
-        log.last_row = dict(step=clock.update, loss=loss)
-        check.on_train_batch_end(0, {"loss": loss})
+def _rows(rule, losses, every=5, start=0):
+    """Feeds log rows every `every` updates; returns each row's verdict."""
+    return [rule.check_row(dict(step=start + every * (i + 1), loss=loss))
+            for i, loss in enumerate(losses)]
 
 
 @pytest.mark.backend_independent
 def test_divergence_rule_three_rows_above_twice_ln_v():
+    from keras_transformer.run_guard import DivergenceRule
+
     limit = 2 * np.log(500)  # 12.43
-    check, clock, log, saver = _divergence()
+    rule = DivergenceRule(500)
+    rule.begin(0)
     # Two rows above, one below: the streak restarts; a fresh model's ln V + 0.5 is fine.
-    _feed(check, clock, log, [6.7, limit + 1, limit + 1, 5.0, limit + 1, limit + 1])
-    assert check.diverged is None and check.last_good == 20
-    _feed(check, clock, log, [1e6])
-    assert check.diverged == (35, 1e6, f"above {limit:.1f} (2 x ln 500) for 3 logged "
-                                        "updates in a row")
-    assert saver.halted and check.model.stop_training and check.last_good == 20
+    assert _rows(rule, [6.7, limit + 1, limit + 1, 5.0, limit + 1, limit + 1]) == [None] * 6
+    assert rule.last_good == 20
+    assert _rows(rule, [1e6], start=30) == [
+        f"above {limit:.1f} (2 x ln 500) for 3 logged updates in a row"]
+    assert rule.last_good == 20
+    # A validation row without training batches since the last row counts neither way.
+    rule.begin(0)
+    assert _rows(rule, [limit + 1, limit + 1, float("nan"), limit + 1])[-1] is not None
 
     # Off: a finite loss never stops the run, a non-finite one still does.
-    check, clock, log, saver = _divergence(enabled=False)
-    _feed(check, clock, log, [1e6] * 5)
-    assert check.diverged is None
-    _feed(check, clock, log, [float("nan")])
-    assert check.diverged[0] == 30 and np.isnan(check.diverged[1])
-    assert check.diverged[2] == "the loss is not finite" and saver.halted
+    rule = DivergenceRule(500, enabled=False)
+    rule.begin(0)
+    assert _rows(rule, [1e6] * 5) == [None] * 5
+    assert rule.check_loss(1e6) is None and rule.check_loss(12.0) is None
+    assert rule.check_loss(float("nan")) == rule.check_loss(float("inf")) == (
+        "the loss is not finite")
+
+
+@pytest.mark.backend_independent
+def test_a_diverged_update_is_not_saved_and_fit_says_so(tiny_config, tmp_path):
+    """The guard's order: the row's verdict comes before the saver, so the update that
+    diverged writes no state; the ones before it did."""
+    import tensorflow as tf
+
+    from keras_transformer import build_model
+    from keras_transformer.run_guard import (DivergenceRule, RunGuard, StateSaver,
+                                             TrainingLog, WeightWriter)
+    from keras_transformer.training import compile_model
+
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, tiny_config.vocab_size, (4, 6)).astype("int32")
+    target = rng.integers(4, tiny_config.vocab_size, (4, 6)).astype("int32")
+    inputs = {"source_ids": source,
+              "target_ids": np.concatenate([np.ones((4, 1), "int32"), target[:, :-1]], 1)}
+    model = compile_model(build_model(tiny_config))
+    run = runs.RunFolder(tmp_path)
+    # A fresh model's loss is about ln V: above 0.5 ln V at every row, so with a
+    # patience of 2 the rule fires at the second row (update 2).
+    guard = RunGuard(
+        start_update=0, accumulation_steps=1,
+        saver=StateSaver(run, WeightWriter(), checkpoint_every=1, keep=5, backup_minutes=0),
+        log=TrainingLog(run, every=1, total_updates=10, target_tokens_per_update=24),
+        divergence=DivergenceRule(tiny_config.vocab_size, factor=0.5, patience=2))
+    model.fit(tf.data.Dataset.from_tensors((inputs, target)).repeat(), epochs=1,
+              steps_per_epoch=10, verbose=0, shuffle=False, callbacks=[guard])
+    outcome = guard.outcome
+    assert (outcome.kind, outcome.update, outcome.last_good) == ("diverged", 2, 0)
+    assert outcome.exit_status == 1 and outcome.loss > 0.5 * np.log(tiny_config.vocab_size)
+    assert [step for step, _ in run.checkpoints()] == [1]  # update 2 wrote nothing
+    assert [step for step, _ in run.backups()] == [1]
+    with open(run.log_file, newline="") as handle:
+        assert [int(r["step"]) for r in csv.DictReader(handle)] == [1, 2]
 
 
 @pytest.mark.slow

@@ -528,7 +528,8 @@ def test_log_rows_hold_the_training_loss_of_their_own_updates(tiny_config, tmp_p
     import tensorflow as tf
 
     from keras_transformer import build_model
-    from keras_transformer.run_callbacks import TrainingLog, UpdateClock, Validator
+    from keras_transformer.run_guard import (DivergenceRule, RunGuard, StateSaver, TrainingLog,
+                                             Validator, WeightWriter)
     from keras_transformer.training import compile_model
 
     rng = np.random.default_rng(0)
@@ -543,11 +544,14 @@ def test_log_rows_hold_the_training_loss_of_their_own_updates(tiny_config, tmp_p
     model = build_model(tiny_config)
     compile_model(model, learning_rate=1e-12)
     run = runs.RunFolder(tmp_path)
-    clock, record = UpdateClock(0, 1), {}
     valid = tf.data.Dataset.from_tensors(valid_batch)
-    callbacks = [clock, Validator(run, clock, every=2, dataset=valid, record=record),
-                 TrainingLog(run, clock, every=1, total_updates=6, record=record,
-                             target_tokens_per_update=28, validate_every=2)]
+    writer = WeightWriter()
+    callbacks = [RunGuard(
+        start_update=0, accumulation_steps=1,
+        saver=StateSaver(run, writer, checkpoint_every=1000, keep=1, backup_minutes=0),
+        log=TrainingLog(run, every=1, total_updates=6, target_tokens_per_update=28),
+        divergence=DivergenceRule(tiny_config.vocab_size),
+        validator=Validator(run, writer, every=2, dataset=valid))]
     model.fit(tf.data.Dataset.from_tensors(train_batch).repeat(), epochs=1, steps_per_epoch=6,
               shuffle=False, callbacks=callbacks, verbose=0)
     train_loss = model.evaluate(*train_batch, verbose=0, return_dict=True)["loss"]
@@ -566,7 +570,7 @@ def test_best_weights_hold_the_model_weights_only(tiny_config, tmp_path):
     import keras
 
     from keras_transformer import build_model
-    from keras_transformer.run_callbacks import UpdateClock, Validator
+    from keras_transformer.run_guard import Validator, WeightWriter
     from keras_transformer.training import compile_model
 
     class _Echo:  # a translator that returns the references: every BLEU is 100
@@ -577,10 +581,9 @@ def test_best_weights_hold_the_model_weights_only(tiny_config, tmp_path):
     compile_model(model)
     model.optimizer.build(model.trainable_variables)
     run = runs.RunFolder(tmp_path)
-    validator = Validator(run, UpdateClock(start_update=5), every=1, translator=_Echo(),
+    validator = Validator(run, WeightWriter(), every=1, translator=_Echo(),
                           sources=["Ein Hund läuft."], references=["Ein Hund läuft."])
-    validator.set_model(model)
-    validator.validate()
+    assert validator.validate(model, 5)["val_bleu"] == pytest.approx(100.0)
     model.save_weights(tmp_path / "state.weights.h5")  # Keras' own file, optimizer included
     with h5py.File(run / runs.BEST_FILE, "r") as best, \
             h5py.File(tmp_path / "state.weights.h5", "r") as state:

@@ -176,16 +176,16 @@ def test_the_jobs_step_time_leaves_out_its_callbacks(tiny_config, tmp_path, monk
     here a validation that takes 0.2 s more, after every update."""
     import tensorflow as tf
 
-    from keras_transformer import experiment, run_callbacks, runs
+    from keras_transformer import experiment, run_guard, runs
     from keras_transformer.settings import resolve
 
-    validate = run_callbacks.Validator.validate
+    validate = run_guard.Validator.validate
 
-    def slow_validate(self):
+    def slow_validate(self, model, update):
         time.sleep(0.2)
-        return validate(self)
+        return validate(self, model, update)
 
-    monkeypatch.setattr(run_callbacks.Validator, "validate", slow_validate)
+    monkeypatch.setattr(run_guard.Validator, "validate", slow_validate)
     model = kt.compile_model(kt.build_model(tiny_config))
     inputs, labels = random_pairs(tiny_config, num_pairs=16)
     train_ds = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(4).repeat()
@@ -195,6 +195,7 @@ def test_the_jobs_step_time_leaves_out_its_callbacks(tiny_config, tmp_path, monk
                             validation_bleu_sentences=0))
     report = experiment.fit(model, runs.RunFolder(tmp_path), settings, train_ds, valid_ds,
                             start_update=0, tokens_per_update=40.0)
+    assert report.outcome.kind == "finished" and report.outcome.update == 5
     assert report.steps == 5 and report.seconds >= 5 * 0.2
     assert report.step_seconds <= report.seconds - 5 * 0.2
     assert report.tokens_per_second == pytest.approx(40.0 * 5 / report.step_seconds)

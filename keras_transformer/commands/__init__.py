@@ -19,7 +19,7 @@ import sys
 import keras_transformer
 from keras_transformer.commands import (average, evaluate, export, prepare, train,
                                         translate)
-from keras_transformer.commands.common import PROG, CommandError, quiet_tensorflow
+from keras_transformer.commands.common import PROG, CommandError, quiet_tensorflow, say
 
 COMMANDS = (prepare, train, evaluate, average, translate, export)
 
@@ -59,19 +59,14 @@ def main(argv=None, prog=PROG):
         args = command.parse_args(argv[1:])
         args.command = ""
     quiet_tensorflow(verbose=getattr(args, "verbose", 1) == 2)
+    args.called_as = " ".join(filter(None, (prog, args.command)))
     try:
         return args.func(args)
     except _user_errors() as error:
         if os.environ.get("KT_TRACEBACK"):
             raise
-        message = str(error).strip() or type(error).__name__
-        # A run stopped on a signal (`run_callbacks.TrainingStopped`) is not an
-        # error: it says where it stopped and exits 128 + the signal number.
-        status = getattr(error, "exit_status", 1)
-        kind = "error: " if status == 1 else ""
-        sys.stderr.write(f"{' '.join(filter(None, (prog, args.command)))}: {kind}"
-                         f"{message}\n")
-        return status
+        say(args.called_as, str(error).strip() or type(error).__name__)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # e.g. `| head`

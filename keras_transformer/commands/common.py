@@ -11,6 +11,15 @@ class CommandError(Exception):
     """A user error: printed as `<prog> <command>: error: <message>`, exit status 1."""
 
 
+def say(command, message, *, error=True):
+    """Writes the command's one line on stderr: `<command>: [error: ]<message>`.
+
+    Args:
+        command: how the user called it (`keras-transformer train`).
+    """
+    sys.stderr.write(f"{command}: {'error: ' if error else ''}{message}\n")
+
+
 def quiet_tensorflow(verbose=False):
     """Loads TensorFlow and Keras without their C++ start-up noise on a terminal.
 

@@ -1,6 +1,6 @@
 """`keras-transformer train`: the whole job, resumable (see `keras_transformer.experiment`)."""
 
-from keras_transformer.commands.common import setup_logging
+from keras_transformer.commands.common import say, setup_logging
 from keras_transformer.settings import add_arguments, given_from_args
 
 DESCRIPTION = (
@@ -25,6 +25,12 @@ def run_train(args):
     from keras_transformer import experiment
     from keras_transformer.settings import load_settings
 
-    experiment.train(load_settings(job, model, config_file))
+    try:
+        experiment.train(load_settings(job, model, config_file))
+    except experiment.Stopped as stop:
+        # A signal is not an error: the run stopped where it says, resumable;
+        # exit status 128 + its number. A diverged run is (exit status 1).
+        say(args.called_as, str(stop), error=stop.outcome.kind == "diverged")
+        return stop.outcome.exit_status
     return 0
 
