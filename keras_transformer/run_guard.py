@@ -142,24 +142,26 @@ class StateSaver:
 
     def backup(self, model, update):
         """Backs up `update` (once); returns its path, or None if not written now."""
-        if not self.chief or update == self._last_backup_update:
+        if update == self._last_backup_update:
             return None
-        path = self.run.backup_path(update)
-        self.writer.save(model, path, f"writing the backup of update {update} "
-                                      f"({runs.BACKUP_DIR}/{path.name})")
-        for _, old in self.run.backups()[:-self.keep_backups]:
-            os.remove(old)
-        self._last_backup_time, self._last_backup_update = time.monotonic(), update
-        logger.info(f"Backup at update {update}: {path}")
+        path = self._write(model, self.run.backup_path(update), runs.BACKUP_DIR, "backup",
+                           update, kept=self.run.backups, keep=self.keep_backups)
+        if path is not None:
+            self._last_backup_time, self._last_backup_update = time.monotonic(), update
+            logger.info(f"Backup at update {update}: {path}")
         return path
 
     def checkpoint(self, model, update):
+        return self._write(model, self.run.checkpoint_path(update), runs.CHECKPOINT_DIR,
+                           "checkpoint", update, kept=self.run.checkpoints, keep=self.keep)
+
+    def _write(self, model, path, folder, kind, update, *, kept, keep):
+        """Writes `path` (chief only) and removes all but the newest `keep` of `kept()`."""
         if not self.chief:
             return None
-        path = self.run.checkpoint_path(update)
-        self.writer.save(model, path, f"writing the checkpoint of update {update} "
-                                      f"({runs.CHECKPOINT_DIR}/{path.name})")
-        for _, old in self.run.checkpoints()[:-self.keep]:
+        self.writer.save(model, path, f"writing the {kind} of update {update} "
+                                      f"({folder}/{path.name})")
+        for _, old in kept()[:-keep]:
             os.remove(old)
         return path
 

@@ -88,11 +88,7 @@ def test_a_signal_inside_fit_finishes_the_update_backs_it_up_and_stops(tiny_conf
                                              TrainingLog, WeightWriter)
     from keras_transformer.training import compile_model
 
-    rng = np.random.default_rng(0)
-    source = rng.integers(4, tiny_config.vocab_size, (4, 6)).astype("int32")
-    target = rng.integers(4, tiny_config.vocab_size, (4, 6)).astype("int32")
-    inputs = {"source_ids": source,
-              "target_ids": np.concatenate([np.ones((4, 1), "int32"), target[:, :-1]], 1)}
+    inputs, target = _one_batch(tiny_config)
     model = build_model(tiny_config)
     compile_model(model, gradient_accumulation_steps=2)
     run = runs.RunFolder(tmp_path)
@@ -125,6 +121,15 @@ def test_a_signal_inside_fit_finishes_the_update_backs_it_up_and_stops(tiny_conf
     for mine, theirs in zip(model.get_weights(), restored.get_weights()):
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
     assert signal.getsignal(signal.SIGINT) is before  # handlers put back
+
+
+def _one_batch(config):
+    """A batch of 4 random pairs of 6 ids: (inputs, labels)."""
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, config.vocab_size, (4, 6)).astype("int32")
+    target = rng.integers(4, config.vocab_size, (4, 6)).astype("int32")
+    return {"source_ids": source,
+            "target_ids": np.concatenate([np.ones((4, 1), "int32"), target[:, :-1]], 1)}, target
 
 
 def _repeat(inputs, target):
@@ -442,18 +447,12 @@ def test_divergence_rule_three_rows_above_twice_ln_v():
 def test_a_diverged_update_is_not_saved_and_fit_says_so(tiny_config, tmp_path):
     """The guard's order: the row's verdict comes before the saver, so the update that
     diverged writes no state; the ones before it did."""
-    import tensorflow as tf
-
     from keras_transformer import build_model
     from keras_transformer.run_guard import (DivergenceRule, RunGuard, StateSaver,
                                              TrainingLog, WeightWriter)
     from keras_transformer.training import compile_model
 
-    rng = np.random.default_rng(0)
-    source = rng.integers(4, tiny_config.vocab_size, (4, 6)).astype("int32")
-    target = rng.integers(4, tiny_config.vocab_size, (4, 6)).astype("int32")
-    inputs = {"source_ids": source,
-              "target_ids": np.concatenate([np.ones((4, 1), "int32"), target[:, :-1]], 1)}
+    inputs, target = _one_batch(tiny_config)
     model = compile_model(build_model(tiny_config))
     run = runs.RunFolder(tmp_path)
     # A fresh model's loss is about ln V: above 0.5 ln V at every row, so with a
@@ -463,8 +462,7 @@ def test_a_diverged_update_is_not_saved_and_fit_says_so(tiny_config, tmp_path):
         saver=StateSaver(run, WeightWriter(), checkpoint_every=1, keep=5, backup_minutes=0),
         log=TrainingLog(run, every=1, total_updates=10, target_tokens_per_update=24),
         divergence=DivergenceRule(tiny_config.vocab_size, factor=0.5, patience=2))
-    model.fit(tf.data.Dataset.from_tensors((inputs, target)).repeat(), epochs=1,
-              steps_per_epoch=10, verbose=0, shuffle=False, callbacks=[guard])
+    model.fit(_repeat(inputs, target), epochs=1, steps_per_epoch=10, verbose=0, shuffle=False, callbacks=[guard])
     outcome = guard.outcome
     assert (outcome.kind, outcome.update, outcome.last_good) == ("diverged", 2, 0)
     assert outcome.exit_status == 1 and outcome.loss > 0.5 * np.log(tiny_config.vocab_size)
