@@ -117,7 +117,7 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
     writer = run_guard.WeightWriter()
     sources, references = bleu_sample
     guard = run_guard.RunGuard(
-        start_update=start_update, accumulation_steps=s.grad_accum_steps,
+        start_update=start_update, accumulation_steps=s.grad_accum_steps, writer=writer,
         saver=run_guard.StateSaver(run, writer, checkpoint_every=s.checkpoint_every,
                                    keep=s.average_last, backup_minutes=s.backup_minutes),
         log=run_guard.TrainingLog(run, every=s.log_every, total_updates=s.train_steps,

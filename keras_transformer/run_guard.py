@@ -141,12 +141,11 @@ class StateSaver:
         self._last_backup_time, self._last_backup_update = time.monotonic(), update
 
     def backup(self, model, update):
-        """Backs up `update` (once); returns its path, or None if not written now."""
-        if update == self._last_backup_update:
-            return None
-        path = self._write(model, self.run.backup_path(update), runs.BACKUP_DIR, "backup",
-                           update, kept=self.run.backups, keep=self.keep_backups)
-        if path is not None:
+        """Backs up `update` once (the chief writes it); returns the backup's path."""
+        path = self.run.backup_path(update)
+        if update != self._last_backup_update and self._write(
+                model, path, runs.BACKUP_DIR, "backup", update, kept=self.run.backups,
+                keep=self.keep_backups):
             self._last_backup_time, self._last_backup_update = time.monotonic(), update
             logger.info(f"Backup at update {update}: {path}")
         return path
@@ -156,7 +155,11 @@ class StateSaver:
                            "checkpoint", update, kept=self.run.checkpoints, keep=self.keep)
 
     def _write(self, model, path, folder, kind, update, *, kept, keep):
-        """Writes `path` (chief only) and removes all but the newest `keep` of `kept()`."""
+        """Writes `path` (chief only) and removes all but the newest `keep` of `kept()`.
+
+        Returns:
+            `path`, or None where nothing was written (not the chief).
+        """
         if not self.chief:
             return None
         self.writer.save(model, path, f"writing the {kind} of update {update} "
@@ -474,6 +477,8 @@ class RunGuard(keras.callbacks.Callback):
     Args:
         start_update: the optimizer's update count when `fit` starts.
         accumulation_steps: micro-batches per update.
+        writer: the `WeightWriter` the saver and the validator write through
+            (a second signal removes the partial file of what it is writing).
         saver: the `StateSaver`.
         log: the `TrainingLog`.
         divergence: the `DivergenceRule`.
@@ -486,9 +491,10 @@ class RunGuard(keras.callbacks.Callback):
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, *, start_update, accumulation_steps, saver, log, divergence,
+    def __init__(self, *, start_update, accumulation_steps, writer, saver, log, divergence,
                  validator=None):
         super().__init__()
+        self.writer = writer
         self.update = self.start_update = start_update
         self.accumulation_steps = accumulation_steps
         self.saver, self.log, self.divergence = saver, log, divergence
@@ -559,7 +565,7 @@ class RunGuard(keras.callbacks.Callback):
         self.model.stop_training = True
 
     def _stop_on_signal(self, update):
-        path = self.saver.backup(self.model, update) or self.saver.run.backup_path(update)
+        path = self.saver.backup(self.model, update)
         self.outcome = Outcome("signal", update, signal_number=self.signal_number, backup=path)
         self.model.stop_training = True
         name = signal.Signals(self.signal_number).name
@@ -568,7 +574,7 @@ class RunGuard(keras.callbacks.Callback):
 
     def _on_signal(self, number, frame):
         if self.signal_number is not None:  # the second one: leave now
-            writing = self.saver.writer.writing
+            writing = self.writer.writing
             if writing is not None:
                 try:
                     os.remove(files.partial_path(writing))

@@ -98,9 +98,10 @@ def test_a_signal_inside_fit_finishes_the_update_backs_it_up_and_stops(tiny_conf
             if batch == 4:  # the first micro-batch of update 3 (2 per update)
                 os.kill(os.getpid(), signal.SIGINT)
 
+    writer = WeightWriter()
     guard = RunGuard(
-        start_update=0, accumulation_steps=2,
-        saver=StateSaver(run, WeightWriter(), checkpoint_every=1000, keep=5, backup_minutes=0),
+        start_update=0, accumulation_steps=2, writer=writer,
+        saver=StateSaver(run, writer, checkpoint_every=1000, keep=5, backup_minutes=0),
         log=TrainingLog(run, every=1000, total_updates=10**6, target_tokens_per_update=24),
         divergence=DivergenceRule(tiny_config.vocab_size))
     before = signal.getsignal(signal.SIGINT)
@@ -152,7 +153,7 @@ def test_a_second_signal_while_saving_exits_at_once_and_removes_the_partial_file
                                                  TrainingLog, WeightWriter)
 
         run, writer = runs.RunFolder({str(tmp_path / "run")!r}), WeightWriter()
-        guard = RunGuard(start_update=0, accumulation_steps=1,
+        guard = RunGuard(start_update=0, accumulation_steps=1, writer=writer,
                          saver=StateSaver(run, writer, checkpoint_every=10, keep=5),
                          log=TrainingLog(run, every=10, total_updates=10,
                                          target_tokens_per_update=1),
@@ -457,12 +458,14 @@ def test_a_diverged_update_is_not_saved_and_fit_says_so(tiny_config, tmp_path):
     run = runs.RunFolder(tmp_path)
     # A fresh model's loss is about ln V: above 0.5 ln V at every row, so with a
     # patience of 2 the rule fires at the second row (update 2).
+    writer = WeightWriter()
     guard = RunGuard(
-        start_update=0, accumulation_steps=1,
-        saver=StateSaver(run, WeightWriter(), checkpoint_every=1, keep=5, backup_minutes=0),
+        start_update=0, accumulation_steps=1, writer=writer,
+        saver=StateSaver(run, writer, checkpoint_every=1, keep=5, backup_minutes=0),
         log=TrainingLog(run, every=1, total_updates=10, target_tokens_per_update=24),
         divergence=DivergenceRule(tiny_config.vocab_size, factor=0.5, patience=2))
-    model.fit(_repeat(inputs, target), epochs=1, steps_per_epoch=10, verbose=0, shuffle=False, callbacks=[guard])
+    model.fit(_repeat(inputs, target), epochs=1, steps_per_epoch=10, verbose=0, shuffle=False,
+              callbacks=[guard])
     outcome = guard.outcome
     assert (outcome.kind, outcome.update, outcome.last_good) == ("diverged", 2, 0)
     assert outcome.exit_status == 1 and outcome.loss > 0.5 * np.log(tiny_config.vocab_size)

@@ -547,7 +547,7 @@ def test_log_rows_hold_the_training_loss_of_their_own_updates(tiny_config, tmp_p
     valid = tf.data.Dataset.from_tensors(valid_batch)
     writer = WeightWriter()
     callbacks = [RunGuard(
-        start_update=0, accumulation_steps=1,
+        start_update=0, accumulation_steps=1, writer=writer,
         saver=StateSaver(run, writer, checkpoint_every=1000, keep=1, backup_minutes=0),
         log=TrainingLog(run, every=1, total_updates=6, target_tokens_per_update=28),
         divergence=DivergenceRule(tiny_config.vocab_size),
