@@ -24,7 +24,7 @@ import signal
 import keras
 
 from keras_transformer import files, loading, run_guard, run_vocabulary, runs
-from keras_transformer.data import corpora
+from keras_transformer.data import corpora, sampling
 from keras_transformer.training import peak_memory_mib, plot_training
 
 logger = logging.getLogger("keras_transformer")
@@ -380,11 +380,15 @@ def _train_stage(run, s, corpus, model, tokenizer, plan, start):
         logger.info(f"Continuing {run.root} at update {start} (of {s.train_steps})")
     else:
         logger.info(f"Starting training at update 0: {s.train_steps} updates")
-    # Seeded with seed + start: a resumed run does not replay its first batches.
+    sampled = sampling.ensure_sampled(corpus, alpha=s.subword_sampling,
+                                      views=s.sampling_views, seed=s.seed) \
+        if s.subword_sampling else None
+    # A continued run reads on where the stopped one was, batch for batch.
     train_ds, valid_ds, tokens_per_update = corpora.training_datasets(
         corpus, tokens_per_batch=plan.micro_batch_tokens, max_length=s.max_length,
         num_replicas=plan.replicas, grad_accum_steps=plan.grad_accum_steps,
-        seed=s.seed + start, bucket_multiple=s.bucket_multiple)
+        seed=s.seed, bucket_multiple=s.bucket_multiple, sampled=sampled,
+        start_update=start)
     logger.info(f"Batches: {plan}; {tokens_per_update:.0f} non-pad target tokens per "
                 "update on average")
     bleu_sample = corpora.validation_sample(corpus, s.validation_bleu_sentences)

@@ -107,6 +107,13 @@ class Settings:
         None, "data", "where --data is prepared (vocabulary, token-id shards, manifest) "
         "and reused; default runs/prepared/<corpus>_v<vocab-size> in the working directory, "
         "whatever --output-dir is (where `prepare` writes)")
+    subword_sampling: float = _field(
+        0.0, "data", "train on sampled segmentations (BPE-dropout: each merge skipped "
+        "with this probability, 0.1 is usual), a different one each epoch; validation, "
+        "test and export keep the best one. 0: off (keras_transformer.data.sampling)")
+    sampling_views: int = _field(
+        32, "data", "sampled segmentations written (epoch e reads number e mod this); "
+        "each takes the training shards' space")
     # [training]
     train_steps: Optional[int] = _field(None, "training", "optimizer updates in total; "
                                         "raise it to continue a finished run")
@@ -178,7 +185,7 @@ class Settings:
                                     f"received {value!r}")
         for name in ("train_steps", "tokens_per_batch", "vocab_size", "max_length",
                      "checkpoint_every", "average_last", "grad_accum_steps", "log_every",
-                     "bucket_multiple",
+                     "bucket_multiple", "sampling_views",
                      "validate_every", "beam_size", "max_extra_length", "eval_sentences"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
@@ -191,6 +198,11 @@ class Settings:
                     or (name == "learning_rate_factor" and value == 0):
                 raise SettingsError(f"{_flag(name)} must be a {'positive' if name == 'learning_rate_factor' else 'non-negative'} "
                                     f"number, received {value!r}")
+        value = self.subword_sampling
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 <= value < 1:
+            raise SettingsError("--subword-sampling must be a number from 0 (off) to below "
+                                f"1 (0.1 is usual), received {value!r}")
         if not isinstance(self.divergence_check, bool):
             raise SettingsError("--divergence-check must be true or false, received "
                                 f"{self.divergence_check!r}")

@@ -113,6 +113,8 @@ BACKEND_INDEPENDENT_MODULES = {
     # tf.data bucketing/batching, plus a MirroredStrategy subprocess pinned to
     # KERAS_BACKEND=tensorflow (one test fits a model: see the exceptions).
     "test_data_streaming.py",
+    # Sampled segmentations (SentencePiece) and continued tf.data streams.
+    "test_data_sampling.py",
     # Where each shared name and default comes from (names.py), and that the
     # quantization modes agree; quantizing per backend is test_quantization.py.
     "test_names.py",
@@ -143,6 +145,7 @@ XDIST_GROUPS = {
     "test_serving_warmup.py": "serving_warmup",
     "test_ctranslate2.py": "ctranslate2",
     "test_prepared.py": "prepared",
+    "test_data_sampling.py": "data_sampling",
     "test_data_demo.py": "data_demo",
     "test_decoding.py": "decoding",
     "test_faults.py": "faults",

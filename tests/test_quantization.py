@@ -60,10 +60,17 @@ def _model():
     return build_model(preset="tiny", vocab_size=200, dropout=0.0)
 
 
-def test_quantized_copy_quantizes_dense_and_embedding_and_leaves_the_original():
+@pytest.fixture(scope="module")
+def model_and_int8():
+    """A float32 model, its weights before quantizing, and its int8 copy."""
     model = _model()
     before = [keras.ops.convert_to_numpy(w).copy() for w in model.weights]
-    model8 = quantized(model, "int8")
+    return model, before, quantized(model, "int8")
+
+
+def test_quantized_copy_quantizes_dense_and_embedding_and_leaves_the_original(
+        model_and_int8):
+    model, before, model8 = model_and_int8
     modes = {layer.name: layer.quantization_mode for layer in model8._flatten_layers()
              if getattr(layer, "quantization_mode", None)}
     assert modes["shared_embedding"] == "int8"
@@ -78,10 +85,9 @@ def test_quantized_copy_quantizes_dense_and_embedding_and_leaves_the_original():
         quantized(model, "int4")
 
 
-def test_int8_log_probabilities_stay_close_to_float32():
+def test_int8_log_probabilities_stay_close_to_float32(model_and_int8):
     """The stated tolerance: log-probabilities within 0.1 (max) and 0.02 (mean)."""
-    model = _model()
-    model8 = quantized(model, "int8")
+    model, _, model8 = model_and_int8
     rng = np.random.RandomState(0)
     inputs = {"source_ids": rng.randint(4, 200, (4, 12)).astype("int32"),
               "target_ids": rng.randint(4, 200, (4, 9)).astype("int32")}

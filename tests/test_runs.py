@@ -345,7 +345,10 @@ def test_continue_a_finished_run_then_complete(small_corpus, tmp_path):
     assert all(0.5 < loss < 7.5 for loss in losses), losses
     assert losses[-1] < losses[0]
 
-    # The same command again: complete, nothing trained.
+    # The same command again: complete, nothing trained. (The run folder's
+    # logic, not the backend's: checked under the first backend only.)
+    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+        return
     output = _train(small_corpus, run_dir, "--train-steps", "40", *no_bleu)
     assert "is complete" in output and "Training updates" not in output, output[-3000:]
     assert (_results(run_dir)["final_step"], _results(run_dir)["steps_this_run"]) == (40, 0)

@@ -15,6 +15,7 @@ until an input file or the vocabulary size changes.
 import itertools
 import logging
 import pathlib
+import time
 
 from keras_transformer import names
 from keras_transformer.data import prepared
@@ -124,7 +125,8 @@ def prepare_corpus(data, *, vocab_size, max_length=None, prepared_dir=None,
 
 
 def training_datasets(corpus, *, tokens_per_batch, max_length, num_replicas=1,
-                      grad_accum_steps=1, seed=0, bucket_multiple=8):
+                      grad_accum_steps=1, seed=0, bucket_multiple=8, sampled=None,
+                      start_update=0):
     """Training and validation `tf.data` pipelines streamed from a corpus's shards.
 
     Token counts come from the manifest: nothing is read before the first
@@ -135,11 +137,15 @@ def training_datasets(corpus, *, tokens_per_batch, max_length, num_replicas=1,
         tokens_per_batch: token slots of one micro-batch, over all replicas.
         max_length: the length policy's limit.
         num_replicas: batch sizes are multiples of this.
-        grad_accum_steps: micro-batches per update (for the token count).
-        seed: the training order's seed (a resumed run passes `seed +
-            start_update`, so it does not replay its first batches).
+        grad_accum_steps: micro-batches per update (for the token count and
+            the position of a continued run).
+        seed: the training order's seed.
         bucket_multiple: the length buckets' bounds are multiples of this
             (`streaming.bucket_boundaries`).
+        sampled: a `sampling.SampledViews`: train on its sampled
+            segmentations (validation keeps the deterministic one).
+        start_update: the updates already trained: the training stream
+            continues where a run that did them stopped, batch for batch.
 
     Returns:
         `(train_ds, valid_ds, target_tokens_per_update)`.
@@ -151,11 +157,22 @@ def training_datasets(corpus, *, tokens_per_batch, max_length, num_replicas=1,
     common = dict(tokens_per_batch=tokens_per_batch, max_length=max_length,
                   num_replicas=num_replicas,
                   boundaries=bucket_boundaries(max_length, multiple=bucket_multiple))
-    counts = corpus.length_policy("train", max_length)
+    counts = prepared.length_policy_counts(
+        sampled.split() if sampled else corpus.split("train"), max_length)
     logger.info(f"Training pairs: {counts.num_pairs:,}; the length policy (max "
-                f"{max_length} tokens) drops {counts.num_over_long:,}")
-    train_ds = corpus.dataset("train", training=True, repeat=True, seed=seed, **common)
-    batches, target_tokens = corpus.batch_plan("train", training=True, **common)
+                f"{max_length} tokens) drops {counts.num_over_long:,}"
+                + (f" of the first sampled segmentation" if sampled else ""))
+    start = (0, 0)
+    if start_update:
+        begin = time.time()
+        start = corpus.stream_position("train", start_update * grad_accum_steps,
+                                       training=True, seed=seed, sampled=sampled, **common)
+        logger.info(f"The training stream continues at epoch {start[0]}, after its "
+                    f"first {start[1]} batches (counted in {time.time() - begin:.1f} s)")
+    train_ds = corpus.dataset("train", training=True, repeat=True, seed=seed,
+                              sampled=sampled, start=start, **common)
+    batches, target_tokens = corpus.batch_plan("train", training=True, sampled=sampled,
+                                               **common)
     # A known number of validation batches: without it Keras warns that the
     # input "ran out of data".
     valid_batches, _ = corpus.batch_plan("valid", training=False, **common)

@@ -691,20 +691,43 @@ class PreparedCorpus:
                 f"the vocabulary {self.tokenizer_file} is missing or differs from the "
                 f"manifest's; prepare the corpus again (delete {self.directory})")
 
+    def _source(self, split, sampled):
+        """`(shards or views, statistics)` of `split`, or of `sampled`'s training views."""
+        if sampled is not None:
+            if split != "train":
+                raise ValueError("only the training split is sampled")
+            return sampled.shard_views(), sampled.split()
+        return self.shard_paths(split), self.split(split)
+
     def dataset(self, split, *, tokens_per_batch, max_length, training, num_replicas=1,
-                seed=None, repeat=False, **options):
-        """The batches of `split` for `model.fit`; see `streaming.stream_batches`."""
+                seed=None, repeat=False, sampled=None, **options):
+        """The batches of `split` for `model.fit`; see `streaming.stream_batches`.
+
+        `sampled` (a `sampling.SampledViews`) streams its sampled
+        segmentations of the training split instead, a view per epoch.
+        """
         from keras_transformer.data import streaming
 
-        stats = self.split(split)
+        shards, stats = self._source(split, sampled)
         return streaming.stream_batches(
-            self.shard_paths(split), dtype=self.manifest["record"]["dtype"],
+            shards, dtype=self.manifest["record"]["dtype"],
             tokens_per_batch=tokens_per_batch, max_length=max_length, training=training,
             num_replicas=num_replicas, seed=seed, repeat=repeat,
             num_pairs=stats["pairs"], **options)
 
+    def stream_position(self, split, batches, *, tokens_per_batch, max_length, training,
+                        num_replicas=1, seed=None, sampled=None, **options):
+        """`dataset(..., start=...)` that continues after its first `batches` batches."""
+        from keras_transformer.data import streaming
+
+        shards, stats = self._source(split, sampled)
+        return streaming.stream_position(
+            shards, batches, dtype=self.manifest["record"]["dtype"],
+            tokens_per_batch=tokens_per_batch, max_length=max_length, training=training,
+            num_replicas=num_replicas, seed=seed, num_pairs=stats["pairs"], **options)
+
     def batch_plan(self, split, *, tokens_per_batch, max_length, training, num_replicas=1,
-                   window_size=None, boundaries=None):
+                   window_size=None, boundaries=None, sampled=None):
         """Expected batches and target tokens of one pass, from the histograms.
 
         Returns:
@@ -713,7 +736,7 @@ class PreparedCorpus:
         """
         from keras_transformer.data import streaming
 
-        stats = self.split(split)
+        _, stats = self._source(split, sampled)
         return streaming.expected_batches(
             _histogram_array(stats["lengths"]["pair"]),
             _histogram_array(stats["lengths"]["pair_target_tokens"]),

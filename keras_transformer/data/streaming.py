@@ -9,9 +9,9 @@ what an accelerator consumes. Here the batches (the fixed buckets of
 `len(boundaries)` shapes) are made with a few vectorized ops per *window* of
 thousands of pairs:
 
-1. read the shards interleaved (`cycle_length` at a time, their order
-   reshuffled every epoch), shuffle the serialized records in a bounded
-   buffer (`shuffle_buffer_size`), group them into windows of
+1. one epoch at a time: read the shards interleaved (`cycle_length` at a
+   time, in an order shuffled per epoch), shuffle the serialized records in
+   blocks of `shuffle_buffer_size`, group them into windows of
    `window_size` records;
 2. per window (`window_parallelism` at once): decode every record with one `decode_raw`,
    apply the length policy (training drops a pair with a side over
@@ -23,7 +23,14 @@ thousands of pairs:
    last few pairs of a window fill one more batch of the last bucket's
    shape, completed with all-padding rows, which the loss and the metrics
    ignore (at most one such batch per window);
-3. shuffle the batches of neighbouring windows (training) and prefetch.
+3. mix each window's batches (training) and prefetch.
+
+Every shuffle is stateless, seeded by `seed` and the epoch: an epoch's batches
+depend on nothing else, so `stream_position` finds where a continued run
+resumes (counting the batches of earlier epochs from the records' lengths
+alone) and the stream started there is the uninterrupted one's tail. Epoch `e`
+reads view `e mod len(views)` when the shards come as views (sampled
+segmentations, `keras_transformer.data.sampling`).
 
 Every batch has exactly the shape `(batch_size(bucket), bound(bucket))`, on
 both sides, so an XLA-compiled or JAX-jitted step sees at most
@@ -50,8 +57,6 @@ import tensorflow as tf
 WINDOW_SIZE = 16_384
 # Serialized records in the training shuffle buffer (about 100-200 bytes each).
 SHUFFLE_BUFFER_SIZE = 200_000
-# Batches in the batch-level shuffle buffer (a few windows' worth).
-BATCH_SHUFFLE_SIZE = 512
 CYCLE_LENGTH = 16
 
 _ITEM = {"uint16": (tf.uint16, 2), "int32": (tf.int32, 4)}
@@ -153,19 +158,22 @@ def default_window_parallelism():
     return max(1, (os.cpu_count() or 1) // 8)
 
 
-def _window_to_batches(raw, *, dtype, max_length, training, boundaries, batch_sizes,
-                       pad_id, bos_id, eos_id):
-    """One window of serialized records -> a tuple of per-bucket batch stacks."""
+def _window_lengths(raw, *, dtype, max_length, training, boundaries):
+    """Decoded lengths and buckets of one window of serialized records.
+
+    Returns:
+        `(raw, nbytes, num_source, rows, num_source_kept, num_target_kept,
+        bucket)`: `rows` are the kept records (training drops over-long pairs),
+        the `*_kept` lengths are in subwords (evaluation cuts them), `bucket`
+        is each kept row's length bucket.
+    """
     out_type, itemsize = _ITEM[dtype]
     nbytes = tf.strings.length(raw)
     if training:  # cheap pre-filter: a pair longer than this on both sides together
         keep = nbytes <= itemsize * (1 + 2 * (max_length - 1))
         raw, nbytes = tf.boolean_mask(raw, keep), tf.boolean_mask(nbytes, keep)
-    width = tf.maximum(tf.reduce_max(tf.concat([nbytes, [itemsize]], 0)), itemsize)
-    ids = tf.cast(tf.io.decode_raw(raw, out_type, fixed_length=width), tf.int32)
-    n_rows = tf.shape(ids)[0]
-    body_width = tf.shape(ids)[1] - 1
-    num_source = ids[:, 0]
+    num_source = tf.cast(tf.reshape(tf.io.decode_raw(
+        tf.strings.substr(raw, 0, itemsize), out_type), [-1]), tf.int32)
     num_target = nbytes // itemsize - 1 - num_source
     if training:
         keep = tf.logical_and(num_source < max_length, num_target < max_length)
@@ -173,17 +181,51 @@ def _window_to_batches(raw, *, dtype, max_length, training, boundaries, batch_si
         num_source_kept = tf.gather(num_source, rows)
         num_target_kept = tf.gather(num_target, rows)
     else:
-        rows = tf.range(n_rows)
+        rows = tf.range(tf.size(nbytes))
         num_source_kept = tf.minimum(num_source, max_length - 1)
         num_target_kept = tf.minimum(num_target, max_length - 1)
+    length = tf.maximum(num_source_kept, num_target_kept) + 1  # EOS / BOS included
+    bounds = tf.constant(boundaries, tf.int32)
+    bucket = tf.reduce_sum(tf.cast(bounds[None, :] < length[:, None], tf.int32), axis=1)
+    return raw, nbytes, num_source, rows, num_source_kept, num_target_kept, bucket
+
+
+def _cut(counts, batch_sizes):
+    """Full batches per bucket, and the pairs left over (the window's last batch)."""
+    full_batches = []
+    carry = tf.constant(0, tf.int32)
+    for index, size in enumerate(batch_sizes):
+        available = carry + counts[index]
+        full_batches.append(available // size)
+        carry = available - full_batches[-1] * size
+    return full_batches, carry
+
+
+def _window_batch_count(raw, *, dtype, max_length, training, boundaries, batch_sizes):
+    """How many batches `_window_to_batches` cuts from this window (lengths only)."""
+    bucket = _window_lengths(raw, dtype=dtype, max_length=max_length, training=training,
+                             boundaries=boundaries)[-1]
+    counts = tf.math.bincount(bucket, minlength=len(boundaries),
+                              maxlength=len(boundaries), dtype=tf.int32)
+    full_batches, carry = _cut(counts, batch_sizes)
+    return tf.cast(tf.add_n(full_batches) + tf.minimum(carry, 1), tf.int64)
+
+
+def _window_to_batches(raw, *, dtype, max_length, training, boundaries, batch_sizes,
+                       pad_id, bos_id, eos_id):
+    """One window of serialized records -> a tuple of per-bucket batch stacks."""
+    out_type, itemsize = _ITEM[dtype]
+    raw, nbytes, num_source, rows, num_source_kept, num_target_kept, bucket = \
+        _window_lengths(raw, dtype=dtype, max_length=max_length, training=training,
+                        boundaries=boundaries)
+    width = tf.maximum(tf.reduce_max(tf.concat([nbytes, [itemsize]], 0)), itemsize)
+    ids = tf.cast(tf.io.decode_raw(raw, out_type, fixed_length=width), tf.int32)
+    body_width = tf.shape(ids)[1] - 1
     flat = tf.reshape(ids[:, 1:], [-1])
     row_start = rows * body_width
     source = tf.gather(flat, tf.ragged.range(row_start, row_start + num_source_kept))
     target_start = row_start + tf.gather(num_source, rows)
     target = tf.gather(flat, tf.ragged.range(target_start, target_start + num_target_kept))
-    length = tf.maximum(num_source_kept, num_target_kept) + 1  # EOS / BOS included
-    bounds = tf.constant(boundaries, tf.int32)
-    bucket = tf.reduce_sum(tf.cast(bounds[None, :] < length[:, None], tf.int32), axis=1)
     order = tf.argsort(bucket, stable=True)
     counts = tf.math.bincount(bucket, minlength=len(boundaries),
                               maxlength=len(boundaries), dtype=tf.int32)
@@ -209,96 +251,206 @@ def _window_to_batches(raw, *, dtype, max_length, training, boundaries, batch_si
 
     groups = []
     start = tf.constant(0, tf.int32)
-    carry = tf.constant(0, tf.int32)
-    for index, (bound, size) in enumerate(zip(boundaries, batch_sizes)):
-        available = carry + counts[index]
-        full = available // size
+    full_batches, carry = _cut(counts, batch_sizes)
+    for bound, size, full in zip(boundaries, batch_sizes, full_batches):
         groups.append(stack(order[start:start + full * size], size, bound, full))
         start += full * size
-        carry = available - full * size
     # The window's last pairs: one batch of the last bucket's shape, if any.
     groups.append(stack(order[start:], batch_sizes[-1], boundaries[-1],
                         tf.minimum(carry, 1)))
     return tuple(groups)
 
 
+def _views(shard_paths):
+    """`shard_paths` as a list of views, each a list of shard paths."""
+    if not shard_paths:
+        raise ValueError("no shards to read")
+    if isinstance(shard_paths[0], (list, tuple)):
+        views = [[str(p) for p in view] for view in shard_paths]
+        if len({len(view) for view in views}) != 1 or not views[0]:
+            raise ValueError("every view must have the same (non-zero) number of shards")
+        return views
+    return [[str(p) for p in shard_paths]]
+
+
+def _epoch_seed(seed, epoch, part):
+    """A stateless seed (shape `[2]`) for one shuffle of one epoch."""
+    return tf.stack([tf.constant(seed, tf.int64),
+                     tf.cast(epoch, tf.int64) * 1_000_003 + part])
+
+
+def _epoch_pipeline(views, epoch, *, seed, training, num_pairs, window, shuffle_buffer_size,
+                    cycle_length, per_window, window_parallelism):
+    """One pass over the view `epoch mod len(views)`: `per_window` mapped over its windows.
+
+    Training shuffles with stateless ops seeded by `(seed, epoch)`: the shard
+    order, then the records in blocks of `shuffle_buffer_size` (a block
+    shuffle, not `Dataset.shuffle`'s sliding buffer, whose seed cannot depend
+    on the epoch). `prepare` already wrote every shard in a random order.
+    """
+    num_shards = len(views[0])
+    paths = tf.constant(views)[epoch % len(views)]
+    if training:
+        paths = tf.random.experimental.stateless_shuffle(
+            paths, seed=_epoch_seed(seed, epoch, 0))
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    parallel = dict(num_parallel_calls=min(4, cycle_length, num_shards),
+                    deterministic=True) if num_shards > 1 else {}
+    records = files.interleave(
+        lambda path: tf.data.TFRecordDataset(path, buffer_size=2**20),
+        cycle_length=min(cycle_length, num_shards), block_length=1, **parallel)
+    if training:
+        block = shuffle_buffer_size or min(num_pairs or SHUFFLE_BUFFER_SIZE,
+                                           SHUFFLE_BUFFER_SIZE)
+        records = records.batch(block).enumerate().map(
+            lambda index, block: tf.random.experimental.stateless_shuffle(
+                block, seed=_epoch_seed(seed, epoch, 1 + index))).unbatch()
+    return records.batch(window).map(
+        per_window, num_parallel_calls=window_parallelism or default_window_parallelism(),
+        deterministic=True)
+
+
+def _unstack(groups, seed):
+    """The batches of one window's per-bucket stacks: in bucket order, or (`seed`) mixed."""
+    parts = [tf.data.Dataset.from_tensor_slices(group) for group in groups]
+    if seed is None:
+        dataset = parts[0]
+        for part in parts[1:]:
+            dataset = dataset.concatenate(part)
+        return dataset
+    counts = tf.stack([tf.shape(group["labels"])[0] for group in groups])
+    choices = tf.random.experimental.stateless_shuffle(
+        tf.repeat(tf.range(len(groups), dtype=tf.int64), counts), seed=seed)
+    return tf.data.Dataset.choose_from_datasets(
+        parts, tf.data.Dataset.from_tensor_slices(choices), stop_on_empty_dataset=False)
+
+
+def _options(dataset):
+    options = tf.data.Options()
+    options.deterministic = True
+    return dataset.with_options(options)
+
+
 def stream_batches(shard_paths, *, dtype, tokens_per_batch, max_length, training,
                    num_replicas=1, seed=None, repeat=False, num_pairs=None,
                    boundaries=None, shuffle_buffer_size=None, window_size=None,
-                   batch_shuffle_size=BATCH_SHUFFLE_SIZE, cycle_length=CYCLE_LENGTH,
-                   window_parallelism=None, pad_id=0, bos_id=1, eos_id=2):
+                   shuffle_batches=True, cycle_length=CYCLE_LENGTH,
+                   window_parallelism=None, start=(0, 0), pad_id=0, bos_id=1, eos_id=2):
     """The batches of prepared shards for `model.fit`; see the module docstring.
 
+    The stream is a sequence of epochs. Epoch `e` reads the view
+    `e mod len(views)` (one view unless the shards are sampled segmentations,
+    `keras_transformer.data.sampling`), shuffled with seeds made from `seed`
+    and `e`: the batches of an epoch depend on nothing else, so a stream
+    started at `start=(e, k)` (`stream_position`) is the tail of the stream
+    started at `(0, 0)`, batch for batch.
+
     Args:
-        shard_paths: TFRecord files written by `prepared.prepare`.
+        shard_paths: TFRecord files written by `prepared.prepare`, or a list
+            of views, each such a list (as many shards in each).
         dtype: the records' id type (`"uint16"` or `"int32"`, the manifest's).
         tokens_per_batch: token slots per batch and side (global over replicas).
         max_length: longest sequence, BOS/EOS included.
         training: shuffle and drop over-long pairs, or keep order and cut them.
         num_replicas: batch sizes are multiples of this.
         seed: seed of the shard order and the shuffles (`None`: random).
-        repeat: read the shards forever (training), else one pass.
+        repeat: epochs forever (training), else one.
         num_pairs: the pairs in the shards (the manifest's): bounds the
             shuffle buffer, and for evaluation makes one window of them all.
         boundaries: bucket bounds; default `bucket_boundaries(max_length)`.
         shuffle_buffer_size: serialized records in the shuffle buffer.
         window_size: pairs bucketed together (training).
-        batch_shuffle_size: batches in the batch-level shuffle buffer.
+        shuffle_batches: training mixes the batches of each window (else
+            they come bucket by bucket, shortest first).
         cycle_length: shards read at once.
         window_parallelism: windows decoded at once (default
             `default_window_parallelism()`).
+        start: `(epoch, batches)`: begin at this epoch, after its first
+            `batches` batches (a continued run's position, `stream_position`).
 
     Returns:
         A `tf.data.Dataset` of `({"source_ids", "target_ids"}, labels)` int32
         batches, pad id 0.
     """
-    if not shard_paths:
-        raise ValueError("no shards to read")
+    views = _views(shard_paths)
+    if seed is None:
+        seed = int(np.random.default_rng().integers(2**31))
     boundaries = [int(b) for b in (boundaries or bucket_boundaries(max_length))]
     batch_sizes = bucket_batch_sizes(boundaries, tokens_per_batch, num_replicas=num_replicas)
-    seeds = (None, None, None) if seed is None else (seed, seed + 1, seed + 2)
-
-    files = tf.data.Dataset.from_tensor_slices([str(p) for p in shard_paths])
-    if training:
-        files = files.shuffle(len(shard_paths), seed=seeds[0], reshuffle_each_iteration=True)
-    if repeat:
-        files = files.repeat()
-    parallel = dict(num_parallel_calls=min(4, cycle_length, len(shard_paths)),
-                    deterministic=True) if len(shard_paths) > 1 else {}
-    records = files.interleave(
-        lambda path: tf.data.TFRecordDataset(path, buffer_size=2**20),
-        cycle_length=min(cycle_length, len(shard_paths)), block_length=1, **parallel)
-    if training:
-        buffer = shuffle_buffer_size or min(num_pairs or SHUFFLE_BUFFER_SIZE,
-                                            SHUFFLE_BUFFER_SIZE)
-        records = records.shuffle(buffer, seed=seeds[1], reshuffle_each_iteration=True)
-        window = window_size or WINDOW_SIZE
-    else:
-        window = window_size or max(num_pairs or WINDOW_SIZE, 1)
+    window = (window_size or WINDOW_SIZE) if training else (
+        window_size or max(num_pairs or WINDOW_SIZE, 1))
     convert = dict(dtype=dtype, max_length=max_length, training=training,
                    boundaries=boundaries, batch_sizes=batch_sizes, pad_id=pad_id,
                    bos_id=bos_id, eos_id=eos_id)
-    groups = records.batch(window).map(
-        lambda raw: _window_to_batches(raw, **convert),
-        num_parallel_calls=window_parallelism or default_window_parallelism(),
-        deterministic=True)
 
-    def unstack(*groups):
-        dataset = tf.data.Dataset.from_tensor_slices(groups[0])
-        for group in groups[1:]:
-            dataset = dataset.concatenate(tf.data.Dataset.from_tensor_slices(group))
-        return dataset
+    def epoch_batches(epoch):
+        groups = _epoch_pipeline(
+            views, epoch, seed=seed, training=training, num_pairs=num_pairs, window=window,
+            shuffle_buffer_size=shuffle_buffer_size, cycle_length=cycle_length,
+            per_window=lambda raw: _window_to_batches(raw, **convert),
+            window_parallelism=window_parallelism)
+        return groups.enumerate().flat_map(
+            lambda index, groups: _unstack(groups, _epoch_seed(
+                seed, epoch, -1 - index) if training and shuffle_batches else None))
 
-    batches = groups.flat_map(unstack)
-    if training and batch_shuffle_size:
-        batches = batches.shuffle(batch_shuffle_size, seed=seeds[2],
-                                  reshuffle_each_iteration=True)
+    first_epoch, skip = (int(v) for v in start)
+    epochs = tf.data.Dataset.range(first_epoch, 2**62 if repeat else first_epoch + 1)
+    batches = epochs.flat_map(epoch_batches)
+    if skip:
+        batches = batches.skip(skip)
     batches = batches.map(
         lambda x: ({"source_ids": x["source_ids"], "target_ids": x["target_ids"]},
                    x["labels"]))
-    options = tf.data.Options()
-    options.deterministic = True
-    return batches.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return _options(batches).prefetch(tf.data.AUTOTUNE)
+
+
+def epoch_batch_counts(shard_paths, *, dtype, tokens_per_batch, max_length, training,
+                       num_replicas=1, seed=None, num_pairs=None, boundaries=None,
+                       shuffle_buffer_size=None, window_size=None, cycle_length=CYCLE_LENGTH,
+                       window_parallelism=None, shuffle_batches=True, pad_id=0, bos_id=1,
+                       eos_id=2):
+    """The batches in epochs 0, 1, ... of `stream_batches` (same arguments), as a Dataset.
+
+    Reads the records' lengths only: no batch is built. (`shuffle_batches`
+    and the special ids do not change the counts.)
+    """
+    views = _views(shard_paths)
+    boundaries = [int(b) for b in (boundaries or bucket_boundaries(max_length))]
+    batch_sizes = bucket_batch_sizes(boundaries, tokens_per_batch, num_replicas=num_replicas)
+    window = (window_size or WINDOW_SIZE) if training else (
+        window_size or max(num_pairs or WINDOW_SIZE, 1))
+    count = dict(dtype=dtype, max_length=max_length, training=training,
+                 boundaries=boundaries, batch_sizes=batch_sizes)
+
+    def epoch_count(epoch):
+        return _epoch_pipeline(
+            views, epoch, seed=seed, training=training, num_pairs=num_pairs, window=window,
+            shuffle_buffer_size=shuffle_buffer_size, cycle_length=cycle_length,
+            window_parallelism=window_parallelism,
+            per_window=lambda raw: _window_batch_count(raw, **count)).reduce(
+                tf.constant(0, tf.int64), lambda a, b: a + b)
+
+    return _options(tf.data.Dataset.range(2**62).map(epoch_count))
+
+
+def stream_position(shard_paths, batches, **stream_arguments):
+    """The `start=(epoch, batches)` of `stream_batches` after its first `batches` batches.
+
+    Counts the batches of epochs 0, 1, ... (`epoch_batch_counts`) until
+    `batches` are reached: a continued run reads on from where the stopped
+    one was, without building the batches it has already trained on.
+    """
+    if not batches:
+        return 0, 0
+    if stream_arguments.get("seed") is None:
+        raise ValueError("a stream without a seed has no position to continue from")
+    for epoch, count in enumerate(
+            epoch_batch_counts(shard_paths, **stream_arguments).as_numpy_iterator()):
+        if count == 0:
+            raise ValueError("an epoch of the stream has no batch")
+        if batches < count:
+            return epoch, int(batches)
+        batches -= count
 
 
 def _cascade(counts, batch_sizes):
@@ -358,4 +510,4 @@ def expected_batches(pair_lengths, pair_target_tokens, target_lengths, *,
     return batches, tokens
 
 
-__all__ = ["expected_batches", "stream_batches"]
+__all__ = ["epoch_batch_counts", "expected_batches", "stream_batches", "stream_position"]

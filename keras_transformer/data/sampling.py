@@ -1,0 +1,211 @@
+"""Sampled segmentations of a prepared corpus's training pairs (subword regularization).
+
+Subword regularization (Kudo 2018) trains on a different segmentation of a
+sentence each time it is seen; for a BPE vocabulary, as ours is, the sample
+is BPE-dropout (Provilkov et al. 2020): each merge is skipped with
+probability `alpha` (0.1 is the usual value; 1.0 leaves single characters).
+Decoding, validation, the test score and every export keep the single best
+segmentation.
+
+SentencePiece samples with a seed (`set_random_generator_seed`), but
+TensorFlow Text's in-graph sampler takes none, and a continued run must read
+the stream an uninterrupted one reads. So the samples are written once, from a
+seed: `ensure_sampled` writes `views` sampled encodings of every training
+pair of a prepared corpus (its shards decoded back to text, SentencePiece's
+normalised text, and encoded again with sampling, source and target), in the
+same shards and record order as the deterministic ones, into a folder of the
+preparation:
+
+    sampled_alpha0.1_views32_seed0/
+        manifest.json                      alpha, views, seed, per-view statistics
+        train-v000-00000-of-00001.tfrecord ...
+
+Epoch `e` of the training stream reads view `e mod views`
+(`streaming.stream_batches`). Views are written on one core, about 80,000
+sentences a second (Multi30k: about 1 s a view); they stream from disk like
+the shards, at any corpus size, and take `views` times the training shards'
+space. The folder is removed with the preparation it belongs to.
+"""
+
+import array
+import json
+import logging
+import pathlib
+import time
+
+from keras_transformer.data import prepared
+from keras_transformer.files import file_lock, staging_dir
+
+logger = logging.getLogger("keras_transformer")
+
+FORMAT = "keras_transformer.sampled/1"
+MANIFEST_FILE = "manifest.json"
+DEFAULT_VIEWS = 32
+
+
+def folder_name(alpha, views, seed):
+    return f"sampled_alpha{alpha:g}_views{views}_seed{seed}"
+
+
+def check_alpha(alpha):
+    """Raises `ValueError` unless `0 < alpha < 1` (1 would leave single characters)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"the sampling alpha must be a number between 0 and 1 (0.1 is "
+                         f"usual; 1 leaves single characters), received {alpha!r}")
+
+
+class SampledViews:
+    """A folder written by `ensure_sampled`: `views` sampled encodings of the training split.
+
+    Args:
+        directory: the folder.
+    """
+
+    def __init__(self, directory):
+        self.directory = pathlib.Path(directory)
+        self.manifest = json.loads((self.directory / MANIFEST_FILE).read_text())
+
+    @property
+    def alpha(self):
+        return self.manifest["alpha"]
+
+    def shard_views(self):
+        """The shards of every view: a list of `views` lists."""
+        return [[self.directory / shard["file"] for shard in view["shards"]]
+                for view in self.manifest["views"]]
+
+    def split(self):
+        """The statistics of view 0, as `PreparedCorpus.split("train")` gives them."""
+        return self.manifest["views"][0]
+
+    def summary(self):
+        tokens = [view["target_tokens"] for view in self.manifest["views"]]
+        return (f"{len(tokens)} sampled segmentations (alpha {self.alpha:g}), "
+                f"{sum(tokens) / len(tokens):,.0f} target tokens each on average")
+
+
+def _matches(directory, corpus):
+    """Whether `directory` holds complete views of `corpus`'s current training shards."""
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        return False
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError:
+        return False
+    return (manifest.get("format") == FORMAT
+            and manifest.get("tokenizer_sha256") == corpus.tokenizer_sha256
+            and manifest.get("base_shards") == [
+                s["sha256"] for s in corpus.split("train")["shards"]])
+
+
+def _read_payloads(path):
+    import tensorflow as tf
+
+    return [record.numpy() for record in tf.data.TFRecordDataset(str(path))]
+
+
+def _sample_shard(payloads, processor, alpha, typecode, stats):
+    """Payloads of one shard encoded again with sampling (same layout, same order)."""
+    sources, targets = [], []
+    for payload in payloads:
+        ids = array.array(typecode)
+        ids.frombytes(payload)
+        length = ids[0]
+        sources.append(ids[1:1 + length].tolist())
+        targets.append(ids[1 + length:].tolist())
+    options = dict(enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1)
+    sources = processor.encode(processor.decode(sources), **options)
+    targets = processor.encode(processor.decode(targets), **options)
+    out, source_lengths, target_lengths = [], [], []
+    for source, target in zip(sources, targets):
+        if len(source) > prepared._MAX_UINT16_LENGTH or len(target) > prepared._MAX_UINT16_LENGTH:
+            stats.too_long_for_record += 1
+            continue
+        record = array.array(typecode, [len(source)])
+        record.extend(source)
+        record.extend(target)
+        out.append(record.tobytes())
+        source_lengths.append(len(source) + 1)
+        target_lengths.append(len(target) + 1)
+    stats.pairs_read += len(payloads)
+    stats.add(source_lengths, target_lengths)
+    return out
+
+
+def _write_views(corpus, folder, *, alpha, views, seed):
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(corpus.tokenizer_file))
+    typecode = "H" if corpus.manifest["record"]["dtype"] == "uint16" else "i"
+    base = corpus.shard_paths("train")
+    written = []
+    for view in range(views):
+        # One thread, seeded per view: the samples depend on the seed only.
+        sentencepiece.set_random_generator_seed(seed * 1_000_003 + view)
+        stats = prepared._SplitStats()
+        shards = []
+        for index, path in enumerate(base):
+            payloads = _sample_shard(_read_payloads(path), processor, alpha, typecode,
+                                     stats)
+            name = f"train-v{view:03d}-{index:05d}-of-{len(base):05d}.tfrecord"
+            shards.append(prepared._write_shard(folder / name, payloads))
+        written.append({**stats.to_dict(None), "shards": shards})
+    return written
+
+
+def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0):
+    """The `SampledViews` of `corpus` for `(alpha, views, seed)`, written now only if missing.
+
+    Args:
+        corpus: a `prepared.PreparedCorpus`.
+        alpha: BPE-dropout probability (`0 < alpha < 1`).
+        views: sampled encodings written; epoch `e` reads view `e mod views`.
+        seed: the samples' seed.
+
+    Raises:
+        prepared.PreparedCorpusError: the views cannot be written there.
+    """
+    check_alpha(alpha)
+    if not isinstance(views, int) or isinstance(views, bool) or views < 1:
+        raise ValueError(f"the number of sampled views must be a positive integer, "
+                         f"received {views!r}")
+    directory = corpus.directory / folder_name(alpha, views, seed)
+    try:
+        with file_lock(corpus.directory / f".{directory.name}.lock",
+                       waiting=f"Waiting for another process writing {directory} ..."):
+            if _matches(directory, corpus):
+                views_ = SampledViews(directory)
+                logger.info(f"Using {directory}: {views_.summary()}")
+                return views_
+            start = time.time()
+            logger.info(f"Writing {views} sampled segmentations (BPE-dropout, alpha "
+                        f"{alpha:g}, seed {seed}) of the training pairs into {directory}")
+            with staging_dir(corpus.directory, directory.name) as staging:
+                partial = staging / "views"
+                partial.mkdir()
+                manifest = {
+                    "format": FORMAT, "alpha": alpha, "seed": seed,
+                    "tokenizer_sha256": corpus.tokenizer_sha256,
+                    "base_shards": [s["sha256"] for s in corpus.split("train")["shards"]],
+                    "views": _write_views(corpus, partial, alpha=alpha, views=views,
+                                          seed=seed),
+                    "seconds": None,
+                }
+                manifest["seconds"] = round(time.time() - start, 1)
+                (partial / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+                if directory.exists():
+                    import shutil
+
+                    shutil.rmtree(directory)
+                partial.rename(directory)
+    except OSError as error:
+        raise prepared.PreparedCorpusError(
+            f"cannot write the sampled segmentations into {corpus.directory} ({error}); "
+            "prepare the corpus into a writable folder (--prepared-dir)") from None
+    views_ = SampledViews(directory)
+    logger.info(f"Wrote {views_.summary()} in {time.time() - start:.0f} s")
+    return views_
+
+
+__all__ = ["DEFAULT_VIEWS", "SampledViews", "check_alpha", "ensure_sampled"]
