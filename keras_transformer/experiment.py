@@ -25,6 +25,7 @@ import keras
 
 from keras_transformer import files, loading, run_guard, run_vocabulary, runs
 from keras_transformer.data import corpora, sampling
+from keras_transformer.settings import SettingsError
 from keras_transformer.training import peak_memory_mib, plot_training
 
 logger = logging.getLogger("keras_transformer")
@@ -345,6 +346,11 @@ def train(settings):
     precision = precisions.resolve(s.mixed_precision)
     logger.info(f"Precision: {precision}")
 
+    warmup = s.model_config().warmup_steps
+    if s.lr_decay == "linear" and s.train_steps <= warmup:
+        raise SettingsError(
+            f"--lr-decay linear decays to zero at --train-steps {s.train_steps}, which "
+            f"must be more than the {warmup} warm-up updates")
     corpus = prepare_data(s, run)  # checked before the run folder is created
     with run.lock() if run_guard.is_chief() else contextlib.nullcontext():
         return _train_in(run, s, corpus, precision)
@@ -365,7 +371,8 @@ def _build(run, s, tokenizer, precision):
     with policy_scope(precision.policy):
         model = training.build_training_model(
             config, strategy=strategy, learning_rate_factor=s.learning_rate_factor,
-            grad_accum_steps=s.grad_accum_steps, jit_compile=s.jit_compile)
+            grad_accum_steps=s.grad_accum_steps, jit_compile=s.jit_compile,
+            decay_steps=s.train_steps if s.lr_decay == "linear" else None)
     _check_config(run, config)
     logger.info(f"Model: preset {s.preset}, {model.count_params():,} parameters, "
                 f"{plan.replicas} replica(s)")

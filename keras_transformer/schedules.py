@@ -1,4 +1,4 @@
-"""The paper's learning-rate schedule, equation (3)."""
+"""The paper's learning-rate schedule, equation (3), and its budgeted variant."""
 
 import keras
 from keras import ops
@@ -23,11 +23,21 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     as the optimizer's `gradient_accumulation_steps` (`compile_model` does)
     and the schedule counts optimizer updates: update n uses step_num n.
 
+    With `decay_steps` set, the decay after the warm-up is linear instead, from
+    the same peak to zero at update `decay_steps` (and zero after it): under a
+    fixed budget of updates, linear decay to zero was the most robust of the
+    budget-aware schedules compared by Li et al. (ICLR 2020, "Budgeted
+    Training"), where the inverse square root still stands at half its peak
+    after four times the warm-up.
+
     Args:
         d_model: model width.
         warmup_steps: number of warm-up updates.
         scale: an extra multiplier (1.0 in the paper).
         accumulation_steps: micro-batches per optimizer update.
+        decay_steps: `None` (the paper's inverse square root), or the update
+            at which a linear decay reaches zero (the run's budget); more
+            than `warmup_steps`.
 
     Example:
 
@@ -36,7 +46,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     0.000698771...
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0, accumulation_steps=1):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, accumulation_steps=1,
+                 decay_steps=None):
         if not d_model or d_model < 1:
             raise ValueError(f"d_model must be positive, received {d_model!r}")
         if not warmup_steps or warmup_steps < 1:
@@ -45,20 +56,27 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(
                 f"accumulation_steps must be >= 1, received {accumulation_steps!r}"
             )
+        if decay_steps is not None and not decay_steps > warmup_steps:
+            raise ValueError(f"decay_steps must be more than warmup_steps "
+                             f"({warmup_steps}), received {decay_steps!r}")
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
         self.accumulation_steps = accumulation_steps
+        self.decay_steps = decay_steps
 
     def __call__(self, step):
         updates = ops.floor_divide(ops.cast(step, "int64"), self.accumulation_steps)
         step_num = ops.cast(updates, "float32") + 1.0
-        return (
-            self.scale
-            * (self.d_model ** -0.5)
-            * ops.minimum(ops.rsqrt(step_num), step_num * self.warmup_steps ** -1.5)
-        )
+        warmup = step_num * self.warmup_steps ** -1.5
+        if self.decay_steps is None:
+            decay = ops.rsqrt(step_num)
+        else:  # from the peak, warmup_steps^-0.5, to 0 at decay_steps
+            decay = (self.warmup_steps ** -0.5 * ops.maximum(self.decay_steps - step_num, 0.0)
+                     / (self.decay_steps - self.warmup_steps))
+        return self.scale * (self.d_model ** -0.5) * ops.minimum(warmup, decay)
 
     def get_config(self):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps,
-                "scale": self.scale, "accumulation_steps": self.accumulation_steps}
+                "scale": self.scale, "accumulation_steps": self.accumulation_steps,
+                "decay_steps": self.decay_steps}

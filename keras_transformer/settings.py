@@ -128,6 +128,11 @@ class Settings:
                                    "micro-batch is tokens-per-batch / this)")
     learning_rate_factor: float = _field(1.0, "training", "multiplies the paper's "
                                          "learning-rate schedule")
+    lr_decay: str = _field(
+        "inverse_sqrt", "training", "after the warm-up: inverse_sqrt (the paper's "
+        "equation 3) or linear, from the same peak to zero at --train-steps (a fixed "
+        "budget; continuing to more updates raises the rate again)",
+        choices=("inverse_sqrt", "linear"))
     checkpoint_every: Optional[int] = _field(None, "training", "updates between "
                                              "checkpoints (kept for averaging)")
     average_last: Optional[int] = _field(None, "training", "checkpoints kept and "

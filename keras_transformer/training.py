@@ -187,7 +187,7 @@ def plan_batches(tokens_per_batch, *, grad_accum_steps=1, replicas=1, max_length
 
 
 def build_training_model(config, *, strategy=None, learning_rate_factor=1.0,
-                         grad_accum_steps=1, jit_compile="auto"):
+                         grad_accum_steps=1, jit_compile="auto", decay_steps=None):
     """`build_model(config)` under the strategy's scope, compiled the paper's way.
 
     Args:
@@ -197,6 +197,8 @@ def build_training_model(config, *, strategy=None, learning_rate_factor=1.0,
         grad_accum_steps: micro-batches per update (the schedule counts updates).
         jit_compile: `model.compile`'s `jit_compile` (`"auto"`, `True`,
             `False`, or the setting's strings `"true"` / `"false"`).
+        decay_steps: the schedule decays linearly to zero at this update
+            (`TransformerSchedule`); `None`: the paper's decay.
 
     Returns:
         The compiled model.
@@ -210,7 +212,8 @@ def build_training_model(config, *, strategy=None, learning_rate_factor=1.0,
         model = build_model(config)
         schedule = TransformerSchedule(config.d_model, config.warmup_steps,
                                        scale=learning_rate_factor,
-                                       accumulation_steps=grad_accum_steps)
+                                       accumulation_steps=grad_accum_steps,
+                                       decay_steps=decay_steps)
         compile_model(model, learning_rate=schedule,
                       gradient_accumulation_steps=grad_accum_steps, jit_compile=jit_compile)
     return model

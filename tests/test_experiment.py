@@ -31,6 +31,20 @@ def test_shared_corpus_folder_is_accepted(shared_data, tmp_path):
     assert inputs.name == "multi30k" and inputs.test[0].name == "test.en"
 
 
+@pytest.mark.backend_independent
+def test_a_linear_decay_shorter_than_the_warm_up_is_refused_before_anything_is_written(
+        tmp_path):
+    from keras_transformer import experiment
+    from keras_transformer.settings import Settings, SettingsError
+
+    settings = Settings(preset="tiny", data="demo", lr_decay="linear", train_steps=400,
+                        output_dir=str(tmp_path / "run"), prepared_dir=str(tmp_path / "p"))
+    with pytest.raises(SettingsError, match="--lr-decay linear decays to zero at "
+                       "--train-steps 400, which must be more than the 400 warm-up"):
+        experiment.train(settings.with_preset_defaults())
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_example_script_keeps_its_flags_and_exports_under_the_run_name(tmp_path):
     """examples/wmt_ende.py with every flag it had before `keras-transformer train`."""

@@ -76,3 +76,25 @@ def test_values_equal_hand_computed_literals(d_model, warmup_steps, step_num, ex
 def test_bad_arguments():
     with pytest.raises(ValueError, match="warmup_steps"):
         TransformerSchedule(512, warmup_steps=0)
+
+
+def test_linear_decay_goes_from_the_papers_peak_to_zero_at_the_budget():
+    """`decay_steps`: equation (3)'s warm-up, then a straight line to 0 at the budget."""
+    d_model, warmup, budget = 256, 100, 500
+    schedule = TransformerSchedule(d_model, warmup_steps=warmup, decay_steps=budget)
+    values = keras.ops.convert_to_numpy(schedule(np.arange(0, 700, dtype="int64")))
+    step_num = np.arange(1, 701)
+    peak = d_model**-0.5 * warmup**-0.5
+    # Warm-up as in the paper; after it, the line through (warmup, peak) and (budget, 0).
+    expected = np.where(step_num <= warmup, d_model**-0.5 * step_num * warmup**-1.5,
+                        peak * np.clip((budget - step_num) / (budget - warmup), 0, None))
+    np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-12)
+    assert int(np.argmax(values)) == warmup - 1 and values[budget - 1] == 0
+    assert np.all(values[budget - 1:] == 0) and np.all(np.diff(values[warmup:budget]) < 0)
+    # Halfway through the decay: half the peak (the paper's would be at 0.58).
+    np.testing.assert_allclose(values[299], peak / 2, rtol=1e-5)
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(schedule))
+    assert restored.get_config()["decay_steps"] == budget
+    with pytest.raises(ValueError, match="decay_steps must be more than warmup_steps"):
+        TransformerSchedule(d_model, warmup_steps=warmup, decay_steps=warmup)
