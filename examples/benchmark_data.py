@@ -14,7 +14,11 @@ process so that each peak memory is its own:
    it) for two whole epochs: non-pad target tokens/s of each epoch (target
    >= 1,000,000 on 2 cores, the first epoch as fast as the second) and the
    resident memory after 1,000 and after 10,000 batches (target: within 10%);
-3. **start-up**: seconds from launching `keras-transformer train --data
+3. with `--subword-sampling ALPHA`, **sampled segmentations**
+   (`keras_transformer.data.sampling`): the seconds and bytes of writing
+   `--sampling-views` of them, then the same pipeline reading them (a view
+   per epoch): pairs/s and tokens/s beside the deterministic pipeline's;
+4. **start-up**: seconds from launching `keras-transformer train --data
    <prepared> --preset small` in a fresh run folder to the end of its first
    optimizer update (target <= 60 s); the process is stopped there.
 
@@ -26,7 +30,9 @@ Usage:
 
     python examples/benchmark_data.py --workdir /tmp/bench            # 4.5M pairs
     python examples/benchmark_data.py --workdir /tmp/b --pairs 200000 --epochs 1
-    python examples/benchmark_data.py --corpus ../shared/data/multi30k --workdir /tmp/m
+    python examples/benchmark_data.py --corpus ../shared/data/multi30k --workdir /tmp/m \
+        --tokens-per-batch 4096 --max-length 128 --epochs 4 --subword-sampling 0.1 \
+        --skip-startup
 """
 
 import argparse
@@ -106,17 +112,24 @@ def pipeline_worker(prepared_dir, args):
     from keras_transformer.data.prepared import PreparedCorpus
 
     corpus = PreparedCorpus(prepared_dir)
+    sampled = None
+    if args.subword_sampling:
+        from keras_transformer.data.sampling import ensure_sampled
+
+        sampled = ensure_sampled(corpus, alpha=args.subword_sampling,
+                                 views=args.sampling_views)
     common = dict(tokens_per_batch=args.tokens_per_batch, max_length=args.max_length,
-                  training=True)
+                  training=True, sampled=sampled)
     _, epoch_tokens = corpus.batch_plan("train", **common)
     dataset = corpus.dataset("train", seed=0, repeat=True, **common)
-    batches, tokens, slots, rss, epochs = 0, 0, 0, {}, []
+    batches, tokens, pairs, rss, epochs = 0, 0, 0, {}, []
     marks = {1_000, 2_000, 5_000, 10_000, 15_000, 20_000}
     start = epoch_start = time.perf_counter()
     epoch_batches = epoch_slots = 0
     for _, labels in dataset.as_numpy_iterator():
         real = int((labels != 0).sum())
         tokens += real
+        pairs += int((labels[:, 0] != 0).sum())
         batches += 1
         epoch_batches += 1
         epoch_slots += labels.size
@@ -135,19 +148,45 @@ def pipeline_worker(prepared_dir, args):
             break
     seconds = time.perf_counter() - start
     print(json.dumps({"epochs": epochs, "rss_mib": rss, "batches": batches,
-                      "target_tokens": tokens, "seconds": seconds,
-                      "tokens_per_second": tokens / seconds}))
+                      "target_tokens": tokens, "pairs": pairs, "seconds": seconds,
+                      "tokens_per_second": tokens / seconds,
+                      "pairs_per_second": pairs / seconds}))
 
 
-def run_pipeline(prepared_dir, args):
+def run_pipeline(prepared_dir, args, subword_sampling=0.0):
     command = [sys.executable, __file__, "--pipeline-worker", str(prepared_dir),
                "--tokens-per-batch", str(args.tokens_per_batch), "--max-length",
                str(args.max_length), "--epochs", str(args.epochs), "--max-batches",
-               str(args.max_batches or 0)]
+               str(args.max_batches or 0), "--subword-sampling", str(subword_sampling),
+               "--sampling-views", str(args.sampling_views)]
     result = subprocess.run(command, env=_env(), capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"the pipeline worker failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_sampling(prepared_dir, args):
+    """`--sampling-views` sampled segmentations written in a child process: seconds, bytes."""
+    code = ("import sys; from keras_transformer.data import prepared, sampling; "
+            "sampling.ensure_sampled(prepared.PreparedCorpus(sys.argv[1]), "
+            "alpha=float(sys.argv[2]), views=int(sys.argv[3]))")
+    from keras_transformer.data import sampling
+
+    folder = pathlib.Path(prepared_dir) / sampling.folder_name(
+        args.subword_sampling, args.sampling_views, 0)
+    shutil.rmtree(folder, ignore_errors=True)
+    start = time.time()
+    result = subprocess.run([sys.executable, "-c", code, str(prepared_dir),
+                             str(args.subword_sampling), str(args.sampling_views)],
+                            env=_env(), capture_output=True, text=True)
+    seconds = time.time() - start
+    if result.returncode:
+        sys.exit(f"writing the sampled segmentations failed:\n{result.stderr[-3000:]}")
+    manifest = json.loads((folder / sampling.MANIFEST_FILE).read_text())
+    base = json.loads((pathlib.Path(prepared_dir) / "manifest.json").read_text())
+    tokens = sum(v["target_tokens"] for v in manifest["views"]) / len(manifest["views"])
+    return {"seconds": seconds, "bytes": folder_bytes(folder),
+            "tokens_ratio": tokens / base["splits"]["train"]["target_tokens"]}
 
 
 def run_startup(prepared_dir, workdir):
@@ -184,6 +223,11 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--max-batches", type=int, default=0,
                         help="stop each pipeline epoch after this many batches (0: whole)")
+    parser.add_argument("--subword-sampling", type=float, default=0.0, metavar="ALPHA",
+                        help="also write sampled segmentations (BPE-dropout ALPHA) and "
+                             "time the pipeline reading them")
+    parser.add_argument("--sampling-views", type=int, default=4,
+                        help="sampled segmentations written (default 4)")
     parser.add_argument("--skip-startup", action="store_true")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--pipeline-worker", metavar="PREPARED",
@@ -204,6 +248,10 @@ def main(argv=None):
     prepare = run_prepare(corpus, prepared_dir, args)
     manifest = json.loads((prepared_dir / "manifest.json").read_text())
     pipeline = run_pipeline(prepared_dir, args)
+    sampled = sampled_pipeline = None
+    if args.subword_sampling:
+        sampled = run_sampling(prepared_dir, args)
+        sampled_pipeline = run_pipeline(prepared_dir, args, args.subword_sampling)
     startup = None if args.skip_startup else run_startup(prepared_dir, workdir)[0]
 
     train = manifest["splits"]["train"]
@@ -222,6 +270,18 @@ def main(argv=None):
     if not pipeline["epochs"]:
         rows.append(("pipeline: target tokens/s", f"{pipeline['tokens_per_second']:,.0f} "
                      f"({pipeline['batches']:,} batches)", ">= 1,000,000"))
+    rows.append(("pipeline: pairs/s, target tokens/s (all epochs)",
+                 f"{pipeline['pairs_per_second']:,.0f}, {pipeline['tokens_per_second']:,.0f}",
+                 ""))
+    if sampled:
+        rows.append((f"sampling: {args.sampling_views} views written",
+                     f"{sampled['seconds']:.0f} s, {sampled['bytes'] / 2**20:,.0f} MiB, "
+                     f"{sampled['tokens_ratio']:.2f}x the target tokens", ""))
+        rows.append(("pipeline, sampled: pairs/s, target tokens/s",
+                     f"{sampled_pipeline['pairs_per_second']:,.0f}, "
+                     f"{sampled_pipeline['tokens_per_second']:,.0f} "
+                     f"({sampled_pipeline['pairs_per_second'] / pipeline['pairs_per_second']:.2f}x"
+                     " the pairs/s)", ""))
     rss = pipeline["rss_mib"]
     if "1000" in rss and "10000" in rss:
         growth = rss["10000"] / rss["1000"] - 1
@@ -241,6 +301,7 @@ def main(argv=None):
         pathlib.Path(args.json).write_text(json.dumps(
             {"corpus": str(corpus), "pairs": train["pairs"], "text_bytes": text_bytes,
              "prepare": prepare, "pipeline": pipeline, "startup_seconds": startup,
+             "sampling": sampled, "sampled_pipeline": sampled_pipeline,
              "tokens_per_batch": args.tokens_per_batch, "max_length": args.max_length},
             indent=1))
 

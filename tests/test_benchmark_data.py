@@ -34,10 +34,12 @@ def test_benchmark_data_prints_every_figure(shared_data, tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "examples" / "benchmark_data.py"), "--workdir",
          str(tmp_path), "--pairs", "4000", "--tokens-per-batch", "2048", "--max-length",
-         "128", "--json", str(tmp_path / "figures.json")],
+         "128", "--subword-sampling", "0.1", "--sampling-views", "2", "--json",
+         str(tmp_path / "figures.json")],
         capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     for row in ("prepare: peak RSS", "pipeline epoch 2: target tokens/s",
+                "sampling: 2 views written", "pipeline, sampled: pairs/s",
                 "start-up: launch to first update"):
         assert row in result.stdout, result.stdout
     figures = json.loads((tmp_path / "figures.json").read_text())
@@ -52,3 +54,10 @@ def test_benchmark_data_prints_every_figure(shared_data, tmp_path):
                if int(length) <= 128)
     assert first["target_tokens"] == second["target_tokens"] == kept
     assert first["tokens_per_second"] > 0 and 0 < figures["startup_seconds"] < 600
+    # BPE-dropout 0.1: more subwords per sentence (about 1.4x on Multi30k), so
+    # about as many pairs hold more target tokens.
+    assert 1.1 < figures["sampling"]["tokens_ratio"] < 2.0
+    sampled, plain = figures["sampled_pipeline"], figures["pipeline"]
+    assert sampled["pairs_per_second"] > 0
+    assert sampled["target_tokens"] / sampled["pairs"] > 1.1 * (
+        plain["target_tokens"] / plain["pairs"])
