@@ -112,6 +112,13 @@ def test_each_epoch_reads_its_view_and_validation_stays_deterministic(corpus, vi
         corpus.directory.parent / "valid.en", corpus.directory.parent / "valid.de"))
     assert sorted(_rows(_labels(valid, 100))) == references
     assert sorted(_rows(_labels(plain_valid, 100))) == references
+    # Test: the text, encoded by the tokenizer the test score and every export
+    # use (tf-text), twice: the deterministic encoding both times.
+    tests = [s for _, s, _ in iter_parallel_lines(corpus.directory.parent / "test.en",
+                                                  corpus.directory.parent / "test.de")]
+    tokenizer = corpus.tokenizer()
+    for _ in range(2):
+        assert tokenizer.tokenize(tests).to_list() == processor.encode(tests)
 
 
 @pytest.mark.parametrize("sampled", [False, True])
