@@ -8,6 +8,9 @@ output with its own fixed tokenization (`13a`) and does not reproduce that:
 tensor2tensor's released base model scores about 27.5 sacreBLEU against 29.0
 tokenized BLEU. `evaluate_bleu` reports sacreBLEU (with its signature), which
 is what recent papers report and what can be compared across systems.
+Beside it, `bleu_lowercase` is the same BLEU on lowercased text (sacreBLEU
+`--lowercase`, tokenization 13a): the footing of papers that report
+lowercased BLEU (many Multi30k results do), labelled by its own signature.
 """
 
 import dataclasses
@@ -31,6 +34,9 @@ class BleuResult:
         chrf_signature: the same for chrF.
         num_sentences: number of scored sentences.
         hypotheses: the translations, in file order.
+        bleu_lowercase: the BLEU of lowercased hypotheses and references
+            (sacreBLEU `--lowercase`, tokenization 13a).
+        bleu_lowercase_signature: its signature (`case:lc`).
     """
 
     bleu: float
@@ -39,10 +45,16 @@ class BleuResult:
     chrf_signature: str
     num_sentences: int
     hypotheses: list
+    bleu_lowercase: float = None
+    bleu_lowercase_signature: str = None
 
     def __str__(self):
-        return (f"BLEU = {self.bleu:.2f} ({self.bleu_signature})\n"
+        text = (f"BLEU = {self.bleu:.2f} ({self.bleu_signature})\n"
                 f"chrF2 = {self.chrf:.2f} ({self.chrf_signature})")
+        if self.bleu_lowercase is not None:
+            text += (f"\nBLEU, lowercased = {self.bleu_lowercase:.2f} "
+                     f"({self.bleu_lowercase_signature})")
+        return text
 
 
 def read_lines(path):
@@ -70,9 +82,10 @@ def score_translations(hypotheses, references):
         raise ValueError(
             f"{len(hypotheses)} hypotheses but {len(references)} references"
         )
-    bleu, chrf = BLEU(), CHRF()
+    bleu, chrf, lowercase = BLEU(), CHRF(), BLEU(lowercase=True)
     bleu_score = bleu.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
+    lowercase_score = lowercase.corpus_score(hypotheses, [references])
     return BleuResult(
         bleu=float(bleu_score.score),
         chrf=float(chrf_score.score),
@@ -80,6 +93,8 @@ def score_translations(hypotheses, references):
         chrf_signature=str(chrf.get_signature()),
         num_sentences=len(hypotheses),
         hypotheses=hypotheses,
+        bleu_lowercase=float(lowercase_score.score),
+        bleu_lowercase_signature=str(lowercase.get_signature()),
     )
 
 
@@ -167,7 +182,8 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
 
     Returns:
         A list of dicts with `weights`, `beam_size`, `alpha`, `split`, `bleu`,
-        `chrf`, `num_sentences`, `seconds`, `bleu_signature` and
+        `chrf`, `bleu_lowercase`, `num_sentences`, `seconds`, the signatures
+        (`bleu_signature`, `bleu_lowercase_signature`) and
         `chrf_signature`.
     """
     from keras_transformer import loading
@@ -204,7 +220,10 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
                        quantize=quantize, bleu=result.bleu, chrf=result.chrf,
                        num_sentences=result.num_sentences, seconds=time.time() - start,
                        bleu_signature=result.bleu_signature,
-                       chrf_signature=result.chrf_signature)
+                       chrf_signature=result.chrf_signature,
+                       bleu_lowercase=getattr(result, "bleu_lowercase", None),
+                       bleu_lowercase_signature=getattr(
+                           result, "bleu_lowercase_signature", None))
             rows.append(row)
             if verbose:
                 logger.info(f"{name:>10s}  beam {beam_size}  alpha {alpha_:g}  {split:18s} "

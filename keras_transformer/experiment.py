@@ -475,6 +475,8 @@ def _train_in(run, settings, corpus, precision):
     summary = {
         "eval_split": s.eval_split,
         "bleu": result.bleu, "chrf": result.chrf, "bleu_signature": result.bleu_signature,
+        "bleu_lowercase": result.bleu_lowercase,
+        "bleu_lowercase_signature": result.bleu_lowercase_signature,
         "final_step": report.final_update if report else start,
         "steps_this_run": report.steps if report else 0,
         "train_seconds": report.seconds if report else 0.0,
@@ -494,7 +496,8 @@ def _train_in(run, settings, corpus, precision):
     except files.WriteError as error:
         raise write_failure(error, run, "write") from None
     logger.info(f"{'Test' if s.eval_split == 'test' else 'Validation'} BLEU "
-                f"{result.bleu:.2f}, chrF {result.chrf:.2f}; results in "
+                f"{result.bleu:.2f}, chrF {result.chrf:.2f}, lowercased BLEU "
+                f"{result.bleu_lowercase:.2f}; results in "
                 f"{run.results_file}")
     return summary
 

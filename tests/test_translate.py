@@ -273,6 +273,21 @@ def test_score_translations_bounds():
         score_translations(references, references[:1])
 
 
+def test_lowercased_bleu_is_sacrebleus_bleu_of_the_lowercased_text():
+    from sacrebleu.metrics import BLEU
+
+    references = ["Der Hund biss den Mann im Park.", "Es war nicht unerwartet, sagte er."]
+    hypotheses = ["der Hund biss den mann im Park.", "Es war nicht erwartet, sagte Er."]
+    result = score_translations(hypotheses, references)
+    # The reference: sacreBLEU's default BLEU of text lowercased by Python.
+    expected = BLEU().corpus_score([h.lower() for h in hypotheses],
+                                   [[r.lower() for r in references]]).score
+    assert result.bleu_lowercase == pytest.approx(expected)
+    assert result.bleu < result.bleu_lowercase < 100
+    assert result.bleu_lowercase_signature.startswith("nrefs:1|case:lc|eff:no|tok:13a")
+    assert "BLEU, lowercased = " in str(result)
+
+
 def test_evaluate_bleu_checks_line_counts(tmp_path):
     (tmp_path / "a.txt").write_text("x\ny\n", encoding="utf-8")
     (tmp_path / "b.txt").write_text("x\n", encoding="utf-8")

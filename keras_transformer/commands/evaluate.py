@@ -13,7 +13,8 @@ def add_parser(commands):
         "evaluate", help="score a run's weights on test splits with sacreBLEU",
         description="Translates <data>/<split>.en with a run folder's weights and scores "
                     "it against <split>.de (sacreBLEU BLEU and chrF, detokenized, 13a, "
-                    "mixed case); one row per weights, beam size and split, and a "
+                    "mixed case, and BLEU lowercased); one row per weights, beam size and "
+                    "split, and a "
                     "Markdown table at the end.")
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--data", required=True, help="folder with <split>.en / <split>.de files")
@@ -45,11 +46,13 @@ def run_evaluate(args):
     rows = evaluate_run(args.run, args.data, splits=args.splits, weights=args.weights,
                         beam_sizes=args.beam_sizes, alpha=args.alpha,
                         quantize=args.quantize, max_sentences=args.max_sentences)
-    print("| weights | beam | alpha | split | sacreBLEU | chrF2 |\n|---|---|---|---|---|---|")
+    print("| weights | beam | alpha | split | sacreBLEU | chrF2 | BLEU, lowercased |\n"
+          "|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['weights']} | {row['beam_size']} | {row['alpha']:g} | {row['split']} | "
-              f"{row['bleu']:.2f} | {row['chrf']:.2f} |")
+              f"{row['bleu']:.2f} | {row['chrf']:.2f} | {row['bleu_lowercase']:.2f} |")
     print(f"\nsacreBLEU signature: {rows[0]['bleu_signature']}")
+    print(f"lowercased BLEU signature: {rows[0]['bleu_lowercase_signature']}")
     print(f"chrF signature: {rows[0]['chrf_signature']}")
     if args.json:
         with open(args.json, "w") as handle:
