@@ -388,7 +388,8 @@ def _train_stage(run, s, corpus, model, tokenizer, plan, start):
     else:
         logger.info(f"Starting training at update 0: {s.train_steps} updates")
     sampled = sampling.ensure_sampled(corpus, alpha=s.subword_sampling,
-                                      views=s.sampling_views, seed=s.seed) \
+                                      views=s.sampling_views, seed=s.seed,
+                                      sides=s.sampling_sides) \
         if s.subword_sampling else None
     # A continued run reads on where the stopped one was, batch for batch.
     train_ds, valid_ds, tokens_per_update = corpora.training_datasets(

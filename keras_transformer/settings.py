@@ -111,6 +111,10 @@ class Settings:
         0.0, "data", "train on sampled segmentations (BPE-dropout: each merge skipped "
         "with this probability, 0.1 is usual), a different one each epoch; validation, "
         "test and export keep the best one. 0: off (keras_transformer.data.sampling)")
+    sampling_sides: str = _field(
+        "both", "data", "the sides --subword-sampling samples: both, or source (the "
+        "target keeps the best segmentation, the one the decoder must produce)",
+        choices=("both", "source"))
     sampling_views: int = _field(
         32, "data", "sampled segmentations written (epoch e reads number e mod this); "
         "each takes the training shards' space")

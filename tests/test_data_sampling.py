@@ -60,6 +60,22 @@ def test_views_decode_to_the_text_and_differ_from_each_other(corpus, views):
     assert sum(a != b for a, b in zip(sampled[0], sampled[1])) > 0.5 * len(base)
 
 
+def test_source_only_sampling_keeps_the_best_target_segmentation(corpus):
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(corpus.tokenizer_file))
+    views = sampling.ensure_sampled(corpus, alpha=0.2, views=2, seed=0, sides="source")
+    assert views.directory.name == "sampled_alpha0.2_source_views2_seed0"
+    base = _records(corpus.shard_paths("train"))
+    for view in views.shard_views():
+        sampled = _records(view)
+        # Targets: the deterministic encoding, id for id; sources: resampled.
+        assert [t for _, t in sampled] == [t for _, t in base]
+        assert sum(s != b for (s, _), (b, _) in zip(sampled, base)) > 0.5 * len(base)
+        assert all(processor.decode(s) == processor.decode(b)
+                   for (s, _), (b, _) in zip(sampled, base))
+    with pytest.raises(ValueError, match="sides must be one of both, source"):
+        sampling.ensure_sampled(corpus, alpha=0.2, sides="target")
+
+
 def test_the_same_seed_writes_the_same_views_and_they_are_reused(corpus, views, tmp_path):
     manifest = json.loads((views.directory / sampling.MANIFEST_FILE).read_text())
     again = sampling.ensure_sampled(corpus, alpha=0.2, views=3, seed=0)

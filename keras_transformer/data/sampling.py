@@ -46,8 +46,12 @@ MANIFEST_FILE = "manifest.json"
 DEFAULT_VIEWS = 32
 
 
-def folder_name(alpha, views, seed):
-    return f"sampled_alpha{alpha:g}_views{views}_seed{seed}"
+SIDES = ("both", "source")
+
+
+def folder_name(alpha, views, seed, sides="both"):
+    side = "" if sides == "both" else f"_{sides}"
+    return f"sampled_alpha{alpha:g}{side}_views{views}_seed{seed}"
 
 
 def check_alpha(alpha):
@@ -117,11 +121,15 @@ def _read_texts(path, processor, typecode):
     return processor.decode(sources), processor.decode(targets)
 
 
-def _sample_shard(texts, processor, alpha, typecode, stats):
-    """Record payloads of one shard's texts encoded with sampling (same layout and order)."""
+def _sample_shard(texts, processor, alpha, typecode, stats, sides="both"):
+    """Record payloads of one shard's texts encoded with sampling (same layout and order).
+
+    `sides="source"` samples the source only; the target keeps the best
+    segmentation, the one the decoder must produce.
+    """
     options = dict(enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1)
     sources = processor.encode(texts[0], **options)
-    targets = processor.encode(texts[1], **options)
+    targets = processor.encode(texts[1], **(options if sides == "both" else {}))
     out, source_lengths, target_lengths = [], [], []
     for source, target in zip(sources, targets):
         if len(source) > prepared._MAX_UINT16_LENGTH or len(target) > prepared._MAX_UINT16_LENGTH:
@@ -138,7 +146,7 @@ def _sample_shard(texts, processor, alpha, typecode, stats):
     return out
 
 
-def _write_views(corpus, folder, *, alpha, views, seed):
+def _write_views(corpus, folder, *, alpha, views, seed, sides):
     """Every view of every shard; each base shard is read and decoded once."""
     import sentencepiece
 
@@ -154,20 +162,21 @@ def _write_views(corpus, folder, *, alpha, views, seed):
             # seed only (SentencePiece's generator is per thread).
             sentencepiece.set_random_generator_seed(int(
                 np.random.SeedSequence([seed, view, index]).generate_state(1)[0]))
-            payloads = _sample_shard(texts, processor, alpha, typecode, stats[view])
+            payloads = _sample_shard(texts, processor, alpha, typecode, stats[view], sides)
             name = f"train-v{view:03d}-{index:05d}-of-{len(base):05d}.tfrecord"
             shards[view].append(prepared._write_shard(folder / name, payloads))
     return [{**stat.to_dict(None), "shards": shard} for stat, shard in zip(stats, shards)]
 
 
-def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0):
-    """The `SampledViews` of `corpus` for `(alpha, views, seed)`, written now only if missing.
+def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0, sides="both"):
+    """The `SampledViews` of `corpus` for `(alpha, views, seed, sides)`, written now only if missing.
 
     Args:
         corpus: a `prepared.PreparedCorpus`.
         alpha: BPE-dropout probability (`0 < alpha < 1`).
         views: sampled encodings written; epoch `e` reads view `e mod views`.
         seed: the samples' seed.
+        sides: `"both"` samples source and target, `"source"` the source only.
 
     Raises:
         prepared.PreparedCorpusError: the views cannot be written there.
@@ -176,7 +185,9 @@ def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0):
     if not isinstance(views, int) or isinstance(views, bool) or views < 1:
         raise ValueError(f"the number of sampled views must be a positive integer, "
                          f"received {views!r}")
-    directory = corpus.directory / folder_name(alpha, views, seed)
+    if sides not in SIDES:
+        raise ValueError(f"sides must be one of {', '.join(SIDES)}, received {sides!r}")
+    directory = corpus.directory / folder_name(alpha, views, seed, sides)
     try:
         with file_lock(corpus.directory / f".{directory.name}.lock",
                        waiting=f"Waiting for another process writing {directory} ..."):
@@ -186,16 +197,17 @@ def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0):
                 return views_
             start = time.time()
             logger.info(f"Writing {views} sampled segmentations (BPE-dropout, alpha "
-                        f"{alpha:g}, seed {seed}) of the training pairs into {directory}")
+                        f"{alpha:g}, seed {seed}, {sides} side(s)) of the training pairs "
+                        f"into {directory}")
             with staging_dir(corpus.directory, directory.name) as staging:
                 partial = staging / "views"
                 partial.mkdir()
                 manifest = {
-                    "format": FORMAT, "alpha": alpha, "seed": seed,
+                    "format": FORMAT, "alpha": alpha, "seed": seed, "sides": sides,
                     "tokenizer_sha256": corpus.tokenizer_sha256,
                     "base_shards": [s["sha256"] for s in corpus.split("train")["shards"]],
                     "views": _write_views(corpus, partial, alpha=alpha, views=views,
-                                          seed=seed),
+                                          seed=seed, sides=sides),
                     "seconds": None,
                 }
                 manifest["seconds"] = round(time.time() - start, 1)
@@ -214,4 +226,4 @@ def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0):
     return views_
 
 
-__all__ = ["DEFAULT_VIEWS", "SampledViews", "check_alpha", "ensure_sampled"]
+__all__ = ["DEFAULT_VIEWS", "SIDES", "SampledViews", "check_alpha", "ensure_sampled"]
