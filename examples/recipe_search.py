@@ -129,14 +129,23 @@ def read_run(folder):
                 log_seconds=log_seconds)
 
 
+# What a run saved before a setting existed did: the setting's value then.
+_BEFORE = {"mixed_precision": "none", "subword_sampling": 0.0, "sampling_views": 32,
+           "sampling_sides": "both", "lr_decay": "inverse_sqrt"}
+
+
 def differences(settings, reference):
-    """`name=value` for every setting (and model override) that differs from `reference`."""
+    """`name=value` for every setting (and model override) that differs from `reference`.
+
+    A setting one of the two runs predates counts as its `_BEFORE` value.
+    """
     out = []
     for key in sorted(set(settings) | set(reference)):
         if key in _IGNORED or key == "model":
             continue
-        if settings.get(key) != reference.get(key):
-            out.append(f"{key}={settings.get(key)}")
+        value = settings.get(key, _BEFORE.get(key))
+        if value != reference.get(key, _BEFORE.get(key)):
+            out.append(f"{key}={value}")
     model, ref_model = settings.get("model") or {}, reference.get("model") or {}
     for key in sorted(set(model) | set(ref_model)):
         if model.get(key) != ref_model.get(key):
@@ -182,9 +191,11 @@ def markdown_table(rows, baseline=None):
         tok_s = res.get("train_target_tokens_per_second")
         # A continued candidate's results.json times its last part only; the
         # log's elapsed seconds count from update 0.
+        # (A candidate finished where a stop left it trained nothing in its
+        # last part: its log still has the minutes, not the tokens/s.)
         seconds = row.get("log_seconds") or res.get("train_seconds", 0)
-        minutes, speed = (("-", "-") if tok_s is None else
-                          (f"{seconds / 60:.1f}", f"{tok_s:,.0f}"))
+        minutes = f"{seconds / 60:.1f}" if seconds else "-"
+        speed = "-" if tok_s is None else f"{tok_s:,.0f}"
         lines.append(
             f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | {minutes} | "
             f"{speed} | **{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
