@@ -153,7 +153,7 @@ def default_window_parallelism():
     training about 15% slower and left windows in flight that `fit` then
     waited for when it ended (51 s after 300 updates of `tiny`, measured;
     none with one window at a time). One window at a time already delivers
-    about 4M target tokens/s on 2 cores.
+    about 6-9M target tokens/s on 2 cores (docs/results.md).
     """
     return max(1, (os.cpu_count() or 1) // 8)
 
