@@ -287,20 +287,31 @@ class _Encoder:
             return []
         sources = self.processor.encode([s for s, _ in kept], num_threads=self.threads)
         targets = self.processor.encode([t for _, t in kept], num_threads=self.threads)
-        payloads, source_lengths, target_lengths = [], [], []
-        typecode = self.typecode
-        for source, target in zip(sources, targets):
-            if len(source) > _MAX_UINT16_LENGTH or len(target) > _MAX_UINT16_LENGTH:
-                stats.too_long_for_record += 1
-                continue
-            record = array.array(typecode, [len(source)])
-            record.extend(source)
-            record.extend(target)
-            payloads.append(record.tobytes())
-            source_lengths.append(len(source) + 1)
-            target_lengths.append(len(target) + 1)
-        stats.add(source_lengths, target_lengths)
-        return payloads
+        return record_payloads(sources, targets, self.typecode, stats)
+
+
+def record_payloads(sources, targets, typecode, stats):
+    """Record payloads of encoded pairs (the module docstring's layout), counted in `stats`.
+
+    Args:
+        sources, targets: aligned lists of subword-id lists.
+        typecode: `array` typecode of the ids, `"H"` (uint16) or `"i"` (int32).
+        stats: the split's `_SplitStats`; pairs with a side over 65,535
+            subwords are dropped and counted there.
+    """
+    payloads, source_lengths, target_lengths = [], [], []
+    for source, target in zip(sources, targets):
+        if len(source) > _MAX_UINT16_LENGTH or len(target) > _MAX_UINT16_LENGTH:
+            stats.too_long_for_record += 1
+            continue
+        record = array.array(typecode, [len(source)])
+        record.extend(source)
+        record.extend(target)
+        payloads.append(record.tobytes())
+        source_lengths.append(len(source) + 1)
+        target_lengths.append(len(target) + 1)
+    stats.add(source_lengths, target_lengths)
+    return payloads
 
 
 def _write_shard(path, payloads):

@@ -130,20 +130,8 @@ def _sample_shard(texts, processor, alpha, typecode, stats, sides="both"):
     options = dict(enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1)
     sources = processor.encode(texts[0], **options)
     targets = processor.encode(texts[1], **(options if sides == "both" else {}))
-    out, source_lengths, target_lengths = [], [], []
-    for source, target in zip(sources, targets):
-        if len(source) > prepared._MAX_UINT16_LENGTH or len(target) > prepared._MAX_UINT16_LENGTH:
-            stats.too_long_for_record += 1
-            continue
-        record = array.array(typecode, [len(source)])
-        record.extend(source)
-        record.extend(target)
-        out.append(record.tobytes())
-        source_lengths.append(len(source) + 1)
-        target_lengths.append(len(target) + 1)
     stats.pairs_read += len(sources)
-    stats.add(source_lengths, target_lengths)
-    return out
+    return prepared.record_payloads(sources, targets, typecode, stats)
 
 
 def _write_views(corpus, folder, *, alpha, views, seed, sides):
@@ -202,15 +190,14 @@ def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0, sides="both"):
             with staging_dir(corpus.directory, directory.name) as staging:
                 partial = staging / "views"
                 partial.mkdir()
+                written = _write_views(corpus, partial, alpha=alpha, views=views, seed=seed,
+                                       sides=sides)
                 manifest = {
                     "format": FORMAT, "alpha": alpha, "seed": seed, "sides": sides,
                     "tokenizer_sha256": corpus.tokenizer_sha256,
                     "base_shards": [s["sha256"] for s in corpus.split("train")["shards"]],
-                    "views": _write_views(corpus, partial, alpha=alpha, views=views,
-                                          seed=seed, sides=sides),
-                    "seconds": None,
+                    "views": written, "seconds": round(time.time() - start, 1),
                 }
-                manifest["seconds"] = round(time.time() - start, 1)
                 (partial / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
                 if directory.exists():
                     import shutil

@@ -273,6 +273,16 @@ def _views(shard_paths):
     return [[str(p) for p in shard_paths]]
 
 
+def _layout(shard_paths, *, tokens_per_batch, max_length, training, num_replicas,
+            num_pairs, boundaries, window_size):
+    """`(views, boundaries, batch_sizes, window)` of a stream: what its batches and counts share."""
+    boundaries = [int(b) for b in (boundaries or bucket_boundaries(max_length))]
+    batch_sizes = bucket_batch_sizes(boundaries, tokens_per_batch, num_replicas=num_replicas)
+    window = (window_size or WINDOW_SIZE) if training else (
+        window_size or max(num_pairs or WINDOW_SIZE, 1))
+    return _views(shard_paths), boundaries, batch_sizes, window
+
+
 def _epoch_seed(seed, epoch, part):
     """A stateless seed (shape `[2]`) for one shuffle of one epoch."""
     return tf.stack([tf.constant(seed, tf.int64),
@@ -300,9 +310,9 @@ def _epoch_pipeline(views, epoch, *, seed, training, num_pairs, window, shuffle_
         lambda path: tf.data.TFRecordDataset(path, buffer_size=2**20),
         cycle_length=min(cycle_length, num_shards), block_length=1, **parallel)
     if training:
-        block = shuffle_buffer_size or min(num_pairs or SHUFFLE_BUFFER_SIZE,
-                                           SHUFFLE_BUFFER_SIZE)
-        records = records.batch(block).enumerate().map(
+        block_size = shuffle_buffer_size or min(num_pairs or SHUFFLE_BUFFER_SIZE,
+                                                SHUFFLE_BUFFER_SIZE)
+        records = records.batch(block_size).enumerate().map(
             lambda index, block: tf.random.experimental.stateless_shuffle(
                 block, seed=_epoch_seed(seed, epoch, 1 + index))).unbatch()
     return records.batch(window).map(
@@ -372,13 +382,12 @@ def stream_batches(shard_paths, *, dtype, tokens_per_batch, max_length, training
         A `tf.data.Dataset` of `({"source_ids", "target_ids"}, labels)` int32
         batches, pad id 0.
     """
-    views = _views(shard_paths)
+    views, boundaries, batch_sizes, window = _layout(
+        shard_paths, tokens_per_batch=tokens_per_batch, max_length=max_length,
+        training=training, num_replicas=num_replicas, num_pairs=num_pairs,
+        boundaries=boundaries, window_size=window_size)
     if seed is None:
         seed = int(np.random.default_rng().integers(2**31))
-    boundaries = [int(b) for b in (boundaries or bucket_boundaries(max_length))]
-    batch_sizes = bucket_batch_sizes(boundaries, tokens_per_batch, num_replicas=num_replicas)
-    window = (window_size or WINDOW_SIZE) if training else (
-        window_size or max(num_pairs or WINDOW_SIZE, 1))
     convert = dict(dtype=dtype, max_length=max_length, training=training,
                    boundaries=boundaries, batch_sizes=batch_sizes, pad_id=pad_id,
                    bos_id=bos_id, eos_id=eos_id)
@@ -414,11 +423,10 @@ def epoch_batch_counts(shard_paths, *, dtype, tokens_per_batch, max_length, trai
     Reads the records' lengths only: no batch is built. (`shuffle_batches`
     and the special ids do not change the counts.)
     """
-    views = _views(shard_paths)
-    boundaries = [int(b) for b in (boundaries or bucket_boundaries(max_length))]
-    batch_sizes = bucket_batch_sizes(boundaries, tokens_per_batch, num_replicas=num_replicas)
-    window = (window_size or WINDOW_SIZE) if training else (
-        window_size or max(num_pairs or WINDOW_SIZE, 1))
+    views, boundaries, batch_sizes, window = _layout(
+        shard_paths, tokens_per_batch=tokens_per_batch, max_length=max_length,
+        training=training, num_replicas=num_replicas, num_pairs=num_pairs,
+        boundaries=boundaries, window_size=window_size)
     count = dict(dtype=dtype, max_length=max_length, training=training,
                  boundaries=boundaries, batch_sizes=batch_sizes)
 
