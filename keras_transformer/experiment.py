@@ -444,18 +444,53 @@ def _log_samples(result, corpus, split):
     logger.info("\n".join(lines))
 
 
+def _check_schedule(run, s):
+    """Refuses to continue a run on a learning-rate schedule other than its own.
+
+    A linear decay reaches zero at the run's `--train-steps`, so the budget is
+    part of its schedule: continuing it to another budget, or switching a run
+    between decays, would give the updates to come rates that no schedule
+    gives after the updates already made. (The inverse square root does not
+    depend on the budget: raising `--train-steps` continues it.)
+
+    Raises:
+        SettingsError: the run has trained on another schedule.
+    """
+    previous = run.read_json(runs.SETTINGS_FILE)
+    if not previous or not run.state_files():
+        return
+    old_decay = previous.get("lr_decay", "inverse_sqrt")
+    old_steps = previous.get("train_steps")
+    if "linear" not in (old_decay, s.lr_decay):
+        return
+    if (old_decay, old_steps) == (s.lr_decay, s.train_steps):
+        return
+    trained_on = (f"decays its learning rate linearly to zero at update {old_steps}"
+                  if old_decay == "linear" else
+                  "trained on the inverse square root schedule")
+    asked = (f"--lr-decay linear to update {s.train_steps}" if s.lr_decay == "linear"
+             else "--lr-decay inverse_sqrt")
+    raise SettingsError(
+        f"{run.root} {trained_on} ({run.settings_file.name}); {asked} would change the "
+        "schedule of the updates already made. Nothing was changed: train a new "
+        "--output-dir, or fine-tune this run's weights there with --init-from")
+
+
 def _train_in(run, settings, corpus, precision):
     """`train` once the corpus is known and the run folder is locked."""
     s = settings
+    _check_schedule(run, s)
     tokenizer = run_vocabulary.adopt(run, corpus, s.init_from)
     run.write_json(runs.SETTINGS_FILE, s.to_dict())
     model, strategy, plan = _build(run, s, tokenizer, precision)
     start = restore(model, run, s, strategy)
     previous = run.read_json(runs.RESULTS_FILE)
     if start >= s.train_steps and previous and previous.get("final_step") == start:
+        more = ("its learning rate reached zero at this budget (--lr-decay linear)"
+                if s.lr_decay == "linear" else "raise --train-steps to continue it")
         logger.info(f"The run in {run.root} is complete: update {start} of "
                     f"{s.train_steps}, results in {run.results_file}. Nothing to train; "
-                    "raise --train-steps to continue it.")
+                    f"{more}.")
         previous["steps_this_run"] = 0
         run.write_json(runs.RESULTS_FILE, previous)
         return previous

@@ -135,7 +135,7 @@ class Settings:
     lr_decay: str = _field(
         "inverse_sqrt", "training", "after the warm-up: inverse_sqrt (the paper's "
         "equation 3) or linear, from the same peak to zero at --train-steps (a fixed "
-        "budget; continuing to more updates raises the rate again)",
+        "budget, so a run continues only to its own --train-steps)",
         choices=("inverse_sqrt", "linear"))
     checkpoint_every: Optional[int] = _field(None, "training", "updates between "
                                              "checkpoints (kept for averaging)")

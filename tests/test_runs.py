@@ -53,6 +53,34 @@ def test_latest_state_prefers_the_newest_readable_file_and_sets_damaged_ones_asi
 
 
 @pytest.mark.backend_independent
+@pytest.mark.parametrize("before, after, refused", [
+    (("linear", 4500), ("linear", 4500), None),  # resuming the same budget
+    (("linear", 4500), ("linear", 6500), "linearly to zero at update 4500"),
+    (("linear", 4500), ("inverse_sqrt", 6500), "linearly to zero at update 4500"),
+    (("inverse_sqrt", 4500), ("linear", 6500), "inverse square root"),
+    (("inverse_sqrt", 4500), ("inverse_sqrt", 6500), None),  # budget-free: continues
+])
+def test_a_run_continues_only_on_its_own_schedule(tmp_path, before, after, refused):
+    from keras_transformer import experiment
+    from keras_transformer.settings import Settings, SettingsError
+
+    run = runs.RunFolder(tmp_path)
+    old = Settings(output_dir=str(tmp_path), lr_decay=before[0], train_steps=before[1])
+    new = Settings(output_dir=str(tmp_path), lr_decay=after[0], train_steps=after[1])
+    run.write_json(runs.SETTINGS_FILE, old.to_dict())
+    experiment._check_schedule(run, new)  # no state yet: a new run, any schedule
+    run.checkpoint_dir.mkdir()
+    _weights_file(run.checkpoint_path(200))
+    if refused is None:
+        experiment._check_schedule(run, new)
+        return
+    with pytest.raises(SettingsError, match=refused) as error:
+        experiment._check_schedule(run, new)
+    assert "Nothing was changed" in str(error.value) and "\n" not in str(error.value)
+    assert json.loads(run.settings_file.read_text()) == old.to_dict()
+
+
+@pytest.mark.backend_independent
 def test_latest_state_refuses_to_start_over_when_nothing_is_readable(tmp_path):
     run = runs.RunFolder(tmp_path)
     run.backup_dir.mkdir()
@@ -352,6 +380,18 @@ def test_continue_a_finished_run_then_complete(small_corpus, tmp_path):
     output = _train(small_corpus, run_dir, "--train-steps", "40", *no_bleu)
     assert "is complete" in output and "Training updates" not in output, output[-3000:]
     assert (_results(run_dir)["final_step"], _results(run_dir)["steps_this_run"]) == (40, 0)
+
+    # Switching the finished run to a linear decay (to any budget past the
+    # warm-up) would change the schedule of its 40 updates: one line naming
+    # the problem, and no file changed.
+    before = _files(run_dir)
+    output = _train(small_corpus, run_dir, "--train-steps", "500", "--lr-decay", "linear",
+                    *no_bleu, expect=1)
+    assert "inverse square root schedule" in output and "Traceback" not in output, output[-3000:]
+    after = _files(run_dir)
+    for files in (before, after):  # the lock names the process that held it last
+        files.pop(pathlib.Path(runs.LOCK_FILE))
+    assert after == before
 
 
 @pytest.mark.slow
