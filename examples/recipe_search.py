@@ -10,15 +10,19 @@ folder's own resume); a larger `--train-steps` continues finished ones, so
 the best candidates of a screening go on to the full budget without
 starting again.
 
-The learning-rate schedule (equation 3) does not depend on the total number of
-updates, so a short run is the first part of the long run with the same
-config: the ranking compares the candidates at the same update. It favours
-faster starters (less regularisation) over what pays off later; the table
-shows the validation curve so that can be seen.
+The paper's learning-rate schedule (equation 3) does not depend on the total
+number of updates, so a short run is the first part of the long run with the
+same config: the ranking compares the candidates at the same update. It
+favours faster starters (less regularisation) over what pays off later; the
+table shows the validation curve so that can be seen. A linear decay
+(`lr_decay = "linear"`) reaches zero at its budget: such a candidate runs at
+its own `--train-steps` and is not continued to another.
 
 `table` writes the ranking table from the run folders (`results.json`,
 `settings.json`, `training_log.csv`), not by hand; a candidate's training
-minutes are the log's, which count on across continuations. `save` copies those small
+minutes are the log's, which count on across continuations, and the machine
+column names the hardware they were measured on (`results.json`'s `machine`,
+the last part's for a continued run; "-" for runs that predate it). `save` copies those small
 files of each finished candidate to another folder (committed under docs/),
 so that the table can be written again on a machine where the run folders
 (weights, checkpoints: hundreds of MB) are gone:
@@ -180,9 +184,9 @@ def markdown_table(rows, baseline=None):
     reference = next((r["settings"] for r in ranked if r["name"] == baseline),
                      ranked[-1]["settings"])
     lines = ["| rank | candidate | differs from the baseline | updates | train min | "
-             "target tok/s | valid BLEU (beam) | valid chrF | greedy valid BLEU "
+             "target tok/s | machine | valid BLEU (beam) | valid chrF | greedy valid BLEU "
              "(200 sent.) by update | valid loss by update | scored weights |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for rank, row in enumerate(ranked, 1):
         res = row["results"]
         diff = ", ".join(differences(row["settings"], reference)) or "(baseline)"
@@ -196,9 +200,12 @@ def markdown_table(rows, baseline=None):
         seconds = row.get("log_seconds") or res.get("train_seconds", 0)
         minutes = f"{seconds / 60:.1f}" if seconds else "-"
         speed = "-" if tok_s is None else f"{tok_s:,.0f}"
+        # Minutes and tokens/s are the machine's: runs that predate the
+        # `machine` field say "-".
+        machine = res.get("machine") or "-"
         lines.append(
             f"| {rank} | `{row['name']}` | {diff} | {res.get('final_step')} | {minutes} | "
-            f"{speed} | **{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
+            f"{speed} | {machine} | **{res['bleu']:.2f}** | {res['chrf']:.2f} | {bleu_curve or '-'} | "
             f"{loss_curve or '-'} | {_short_weights(res.get('final_weights', '-'))} |")
     return "\n".join(lines)
 

@@ -345,6 +345,8 @@ def train(settings):
                 f"run folder {run.root}")
     precision = precisions.resolve(s.mixed_precision)
     logger.info(f"Precision: {precision}")
+    machine = precisions.machine()
+    logger.info(f"Machine: {machine}")
 
     warmup = s.model_config().warmup_steps
     if s.lr_decay == "linear" and s.train_steps <= warmup:
@@ -478,6 +480,8 @@ def _check_schedule(run, s):
 
 def _train_in(run, settings, corpus, precision):
     """`train` once the corpus is known and the run folder is locked."""
+    from keras_transformer import precision as precisions
+
     s = settings
     _check_schedule(run, s)
     tokenizer = run_vocabulary.adopt(run, corpus, s.init_from)
@@ -523,6 +527,7 @@ def _train_in(run, settings, corpus, precision):
         "peak_memory_mib": peak_memory_mib(), "final_weights": final_weights,
         "parameters": model.count_params(), "backend": keras.backend.backend(),
         "precision": precision.policy, "precision_reason": precision.reason,
+        "machine": precisions.machine(),  # the last part's, for a continued run
         "batch_plan": dataclasses.asdict(plan),
         "saved_model": str(export_path) if export_path else None,
         "settings": s.to_dict(),

@@ -28,6 +28,7 @@ float32.
 
 import contextlib
 import dataclasses
+import os
 import pathlib
 
 import keras
@@ -64,6 +65,32 @@ def cpu_flags(path="/proc/cpuinfo"):
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
+
+
+def cpu_name(path="/proc/cpuinfo"):
+    """The processor's model name (`model name` line of /proc/cpuinfo), else `"CPU"`."""
+    try:
+        text = pathlib.Path(path).read_text()
+    except OSError:
+        return "CPU"
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip() or "CPU"
+    return "CPU"
+
+
+def machine(backend=None):
+    """The hardware a run is timed on, in words: what its minutes and tokens/s mean.
+
+    The backend's first GPU where it has one, else the processor's model name
+    and the cores this process may use, e.g. `"AMD EPYC 9R14, 2 cores"`.
+    """
+    gpu = gpu_bf16(backend)
+    if gpu is not None:
+        return f"GPU {gpu[0]}"
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count())
+    return f"{cpu_name()}, {cores} core{'s' if cores != 1 else ''}"
 
 
 def gpu_bf16(backend=None):

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import pathlib
 import subprocess
 
@@ -36,6 +37,23 @@ def test_cpu_flags_reads_the_flags_line(tmp_path):
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {ZEN4_FLAGS}\n")
     assert precision.cpu_flags(cpuinfo) == frozenset(ZEN4_FLAGS.split())
     assert precision.cpu_flags(tmp_path / "absent") == frozenset()  # not Linux: no flags
+
+
+@pytest.mark.backend_independent  # plain Python: the backend is an argument
+def test_the_machine_is_named_by_its_gpu_else_its_cpu_and_cores(monkeypatch, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n"
+                       f"flags\t\t: {ZEN4_FLAGS}\n\nprocessor\t: 1\n"
+                       "model name\t: AMD EPYC 9R14 96-Core Processor\n")
+    assert precision.cpu_name(cpuinfo) == "AMD EPYC 9R14 96-Core Processor"
+    assert precision.cpu_name(tmp_path / "absent") == "CPU"  # not Linux
+    read = precision.cpu_name
+    monkeypatch.setattr(precision, "cpu_name", lambda path=None: read(cpuinfo))
+    monkeypatch.setattr(precision, "gpu_bf16", lambda backend=None: None)
+    monkeypatch.setattr(precision.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert precision.machine("torch") == "AMD EPYC 9R14 96-Core Processor, 2 cores"
+    monkeypatch.setattr(precision, "gpu_bf16", lambda backend=None: ("NVIDIA H100", True))
+    assert precision.machine("jax") == "GPU NVIDIA H100"
 
 
 @pytest.mark.backend_independent  # plain Python: the backend is an argument
@@ -246,6 +264,12 @@ def test_a_float32_run_continues_in_bf16_and_back(tmp_path):
     output, results = train(10, "none")
     assert "Precision: float32 (--mixed-precision none)" in output
     assert (results["precision"], results["final_step"]) == ("float32", 10)
+    # The minutes are the machine's: the log and results.json name it (a CPU
+    # here, with the cores this process may use: the child inherits them).
+    cores = len(os.sched_getaffinity(0))
+    assert (results["machine"].startswith("GPU ")
+            or results["machine"].endswith(f", {cores} core{'s' if cores > 1 else ''}"))
+    assert f"Machine: {results['machine']}" in output
     output, results = train(20, "mixed_bfloat16")
     assert "Precision: mixed_bfloat16" in output and "at update 10 (of 20)" in output
     assert (results["precision"], results["final_step"], results["steps_this_run"]) == \

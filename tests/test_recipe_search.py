@@ -35,13 +35,16 @@ def search():
 
 
 def _run(root, name, bleu, split="valid", model=None, curve=((200, 5.0, 3.0), (400, 4.5, 9.0)),
-         final_step=400, final_weights="the average of 2 checkpoints"):
+         final_step=400, final_weights="the average of 2 checkpoints", machine=None):
     folder = root / name
     folder.mkdir(parents=True)
     s = settings_lib.Settings(preset="small", data="x", model=model or {}).to_dict()
-    folder.joinpath("results.json").write_text(json.dumps(dict(
+    results = dict(
         eval_split=split, bleu=bleu, chrf=bleu + 20, final_step=final_step, train_seconds=600.0,
-        train_target_tokens_per_second=3000.0, final_weights=final_weights, settings=s)))
+        train_target_tokens_per_second=3000.0, final_weights=final_weights, settings=s)
+    if machine:  # runs before the field existed have none
+        results["machine"] = machine
+    folder.joinpath("results.json").write_text(json.dumps(results))
     with open(folder / "training_log.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["step", "loss", "val_loss", "val_bleu"])
@@ -53,15 +56,18 @@ def _run(root, name, bleu, split="valid", model=None, curve=((200, 5.0, 3.0), (4
 
 def test_table_ranks_by_validation_bleu_and_leaves_out_test_scored_runs(search, tmp_path):
     _run(tmp_path, "small", 20.0)
-    _run(tmp_path, "drop03", 25.5, model={"dropout": 0.3})
+    _run(tmp_path, "drop03", 25.5, model={"dropout": 0.3}, machine="Intel Xeon, 2 cores")
     _run(tmp_path, "peeked", 99.0, split="test", model={"dropout": 0.2})
     (tmp_path / "unfinished").mkdir()
     rows = [r for r in map(search.read_run, sorted(tmp_path.iterdir())) if r]
     assert [r["name"] for r in rows] == ["drop03", "peeked", "small"]
     table = search.markdown_table(rows, baseline="small").splitlines()
     assert len(table) == 4  # header, rule, two validation-scored runs
-    assert table[2].startswith("| 1 | `drop03` | dropout=0.3 | 400 | 10.0 | 3,000 | **25.50** | 45.50")
-    assert table[3].startswith("| 2 | `small` | (baseline) |")
+    assert all(line.count("|") == table[0].count("|") for line in table)
+    assert table[2].startswith("| 1 | `drop03` | dropout=0.3 | 400 | 10.0 | 3,000 | "
+                               "Intel Xeon, 2 cores | **25.50** | 45.50")
+    # The minutes of a run that predates the machine field are on a machine unnamed.
+    assert table[3].startswith("| 2 | `small` | (baseline) | 400 | 10.0 | 3,000 | - | **20.00**")
     assert "200:3.0 400:9.0" in table[2] and "200:5.000 400:4.500" in table[2]
     assert table[2].endswith("| the average of 2 checkpoints |")
     assert "peeked" not in "\n".join(table)
@@ -91,7 +97,7 @@ def test_a_continued_candidate_shows_its_minutes_from_update_0(search, tmp_path)
         writer.writerows([[200, 5.0, 400.0, 4.0, 3.0], [400, 4.0, 800.0, 3.5, 9.0],
                           [500, 3.8, 1000.0, "", ""], [600, 3.6, 1200.0, 3.2, 12.0]])
     table = search.markdown_table([search.read_run(folder)], baseline="small").splitlines()
-    assert table[2].startswith("| 1 | `small` | (baseline) | 600 | 20.0 | 3,000 | **30.00** |")
+    assert table[2].startswith("| 1 | `small` | (baseline) | 600 | 20.0 | 3,000 | - | **30.00** |")
     assert "200:4.000 400:3.500 600:3.200" in table[2]
 
 
