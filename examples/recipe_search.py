@@ -16,7 +16,10 @@ same config: the ranking compares the candidates at the same update. It
 favours faster starters (less regularisation) over what pays off later; the
 table shows the validation curve so that can be seen. A linear decay
 (`lr_decay = "linear"`) reaches zero at its budget: such a candidate runs at
-its own `--train-steps` and is not continued to another.
+its own `--train-steps` and is not continued to another. `table --budget N`
+names the full budget: the candidates trained to it or beyond (a linear decay
+at a larger budget of its own, say) rank by validation BLEU, before those
+stopped earlier (by default the full budget is the most updates of any).
 
 `table` writes the ranking table from the run folders (`results.json`,
 `settings.json`, `training_log.csv`), not by hand; a candidate's training
@@ -32,7 +35,7 @@ so that the table can be written again on a machine where the run folders
     python examples/recipe_search.py save --root runs/multi30k_search \\
         --to docs/multi30k_search_runs
     python examples/recipe_search.py table --root docs/multi30k_search_runs \\
-        --output docs/multi30k_recipe_search.md
+        --budget 4500 --output docs/multi30k_recipe_search.md
 
 `curves` sets validation curves side by side: runs that differ only by seed
 (the references: their spread is the noise) and a run to judge against them
@@ -157,15 +160,21 @@ def differences(settings, reference):
     return out
 
 
-def ranking(rows):
-    """Rows scored on validation, best first: most updates, then validation BLEU.
+def ranking(rows, budget=None):
+    """Rows scored on validation, best first.
 
-    Candidates are compared at the same number of updates; one stopped earlier
+    Candidates trained to the full budget or beyond (`budget` updates; the
+    most any candidate had, by default) rank by validation BLEU: each is a
+    recipe the hour holds, finished as its config says. One stopped earlier
     (successive halving: its validation curve already lost to another's at the
-    same update) comes after every candidate trained further, whatever its BLEU.
+    same update) comes after all of them, whatever its BLEU; those rank by
+    updates, then BLEU.
     """
     scored = [r for r in rows if r["results"].get("eval_split") == "valid"]
-    return sorted(scored, key=lambda r: (-(r["results"].get("final_step") or 0),
+    steps = lambda r: r["results"].get("final_step") or 0  # noqa: E731
+    if budget is None:
+        budget = max((steps(r) for r in scored), default=0)
+    return sorted(scored, key=lambda r: (steps(r) < budget, -min(steps(r), budget),
                                          -r["results"]["bleu"]))
 
 
@@ -175,9 +184,9 @@ def _short_weights(text):
                   r"(\1 to \2)", text)
 
 
-def markdown_table(rows, baseline=None):
+def markdown_table(rows, baseline=None, budget=None):
     """The ranking as a Markdown table (see `ranking`)."""
-    ranked = ranking(rows)
+    ranked = ranking(rows, budget)
     if not ranked:
         raise SystemExit("recipe_search.py: no run folder scored on the validation split "
                          "(results.json with eval_split valid)")
@@ -269,6 +278,10 @@ def main(argv=None):
     p_table.add_argument("--root", default="runs/multi30k_search")
     p_table.add_argument("--baseline", default="small_bucket2",
                          help="the candidate the differences are named against")
+    p_table.add_argument("--budget", type=int,
+                         help="the full budget in updates: candidates trained to it or "
+                              "beyond rank by validation BLEU, before those stopped "
+                              "earlier (default: the most updates of any candidate)")
     p_table.add_argument("--output", help="write here (default: print)")
     p_curves = sub.add_parser("curves", help="validation curves side by side: references "
                                              "(seeds) and a run judged against them")
@@ -299,7 +312,9 @@ def main(argv=None):
         print(f"saved {', '.join(saved) or 'nothing (no finished candidate)'} -> {args.to}")
         return 0
     rows = [r for r in map(read_run, sorted(p for p in root.iterdir() if p.is_dir())) if r]
-    table = markdown_table(rows, baseline=args.baseline)
+    if args.budget is not None and args.budget < 1:
+        parser.error("--budget must be a positive integer")
+    table = markdown_table(rows, baseline=args.baseline, budget=args.budget)
     if args.output:
         pathlib.Path(args.output).write_text(table + "\n")
         print(f"wrote {args.output}")
