@@ -355,7 +355,7 @@ def train(settings):
             f"must be more than the {warmup} warm-up updates")
     corpus = prepare_data(s, run)  # checked before the run folder is created
     with run.lock() if run_guard.is_chief() else contextlib.nullcontext():
-        return _train_in(run, s, corpus, precision)
+        return _train_in(run, s, corpus, precision, machine)
 
 
 def _build(run, s, tokenizer, precision):
@@ -478,10 +478,8 @@ def _check_schedule(run, s):
         "--output-dir, or fine-tune this run's weights there with --init-from")
 
 
-def _train_in(run, settings, corpus, precision):
+def _train_in(run, settings, corpus, precision, machine):
     """`train` once the corpus is known and the run folder is locked."""
-    from keras_transformer import precision as precisions
-
     s = settings
     _check_schedule(run, s)
     tokenizer = run_vocabulary.adopt(run, corpus, s.init_from)
@@ -527,7 +525,7 @@ def _train_in(run, settings, corpus, precision):
         "peak_memory_mib": peak_memory_mib(), "final_weights": final_weights,
         "parameters": model.count_params(), "backend": keras.backend.backend(),
         "precision": precision.policy, "precision_reason": precision.reason,
-        "machine": precisions.machine(),  # the last part's, for a continued run
+        "machine": machine,  # the last part's, for a continued run
         "batch_plan": dataclasses.asdict(plan),
         "saved_model": str(export_path) if export_path else None,
         "settings": s.to_dict(),
