@@ -546,8 +546,13 @@ def _export_in_subprocess(run_dir, export_dir, **options):
                             input=json.dumps(spec), env=env, text=True,
                             stdout=None if verbose else subprocess.PIPE,
                             stderr=subprocess.PIPE)
+    lines = result.stderr.strip().splitlines()
+    if result.returncode == _WRITE_ERROR_STATUS:  # the child's WriteError, as JSON
+        failed = json.loads(lines[-1])
+        # Raised here as the same WriteError, so that the caller says what is
+        # intact and what to do, as after an export in this process.
+        raise WriteError(failed["path"], OSError(failed["reason"]), failed["what"])
     if result.returncode == _RUN_ERROR_STATUS:  # a user error, its line on stderr
-        lines = result.stderr.strip().splitlines()
         raise RunError(lines[-1] if lines else "export under the TensorFlow backend failed")
     if result.returncode != 0:
         raise RuntimeError(f"export under the TensorFlow backend failed (exit "
@@ -617,11 +622,17 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
 
 
 _RUN_ERROR_STATUS = 3
+_WRITE_ERROR_STATUS = 4
 
 if __name__ == "__main__":
     # `_export_in_subprocess`: export_from_run's arguments as JSON on stdin.
     try:
         export_from_run(**json.loads(sys.stdin.read()))
-    except (RunError, OSError) as error:  # OSError: FileNotFoundError, WriteError, ...
+    except WriteError as error:  # a full disk, a lost mount: the parent raises it again
+        reason = str(error).partition(" failed: ")[2] or str(error)
+        sys.stderr.write(json.dumps({"path": str(error.path), "what": error.what,
+                                     "reason": reason}) + "\n")
+        sys.exit(_WRITE_ERROR_STATUS)
+    except (RunError, OSError) as error:  # OSError: FileNotFoundError, ...
         sys.stderr.write(f"{error}\n")
         sys.exit(_RUN_ERROR_STATUS)

@@ -381,6 +381,7 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.every_backend  # under JAX and PyTorch the export runs in a TensorFlow child
 def test_a_full_disk_during_the_export_leaves_no_version_and_the_rerun_finishes(
         finished_run, corpus, tmp_path, small_disk, capsys):
     run_dir = tmp_path / "run"
