@@ -629,9 +629,8 @@ if __name__ == "__main__":
     try:
         export_from_run(**json.loads(sys.stdin.read()))
     except WriteError as error:  # a full disk, a lost mount: the parent raises it again
-        reason = str(error).partition(" failed: ")[2] or str(error)
         sys.stderr.write(json.dumps({"path": str(error.path), "what": error.what,
-                                     "reason": reason}) + "\n")
+                                     "reason": error.reason}) + "\n")
         sys.exit(_WRITE_ERROR_STATUS)
     except (RunError, OSError) as error:  # OSError: FileNotFoundError, ...
         sys.stderr.write(f"{error}\n")

@@ -51,14 +51,16 @@ class WriteError(OSError):
         path: the file that was being written.
         error: the underlying exception.
         what: what was being written ("writing the backup ..."), for messages.
+        reason: why it failed ("No space left on device"), for messages.
     """
 
     def __init__(self, path, error, what=None):
         self.path, self.error = pathlib.Path(path), error
-        reason = (os.strerror(error.errno) if isinstance(error, OSError) and error.errno
-                  else str(error).splitlines()[0] if str(error) else type(error).__name__)
+        self.reason = (os.strerror(error.errno) if isinstance(error, OSError) and error.errno
+                       else str(error).splitlines()[0] if str(error)
+                       else type(error).__name__)
         self.what = what or f"writing {self.path}"
-        super().__init__(f"{self.what} failed: {reason}")
+        super().__init__(f"{self.what} failed: {self.reason}")
 
     def __reduce__(self):  # an OSError subclass with its own arguments must say how to pickle
         return type(self), (self.path, self.error, self.what)
