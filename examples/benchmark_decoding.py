@@ -27,7 +27,7 @@ Systems (`--systems`; default all but the quantized Keras ones):
   `model.quantize("int8")` before decoding; reported as "not supported" when
   it raises or quantizes nothing;
 - `<keras system>-bf16` (`--bf16` adds one per Keras system): the model in
-  bf16 weights and arithmetic (`keras_transformer.model.with_dtype`);
+  bf16 weights and arithmetic (`keras_transformer.model.transformer.with_dtype`);
 - `hf-marian`: `transformers.MarianMTModel.generate` (PyTorch, its own
   key/value cache) with the same sizes and random weights (`hf_marian_config`
   gives the mapping);
@@ -36,7 +36,7 @@ Systems (`--systems`; default all but the quantized Keras ones):
   `ctranslate2.converters.TransformersConverter` (float32 weights), run by
   `ctranslate2.Translator(compute_type="float32"/"int8")`;
 - `ct2-ours`, `ct2-ours-int8`: our model (the weights of `tensorflow`)
-  exported once by `keras_transformer.export_ctranslate2`, run the same way.
+  exported once by `keras_transformer.export.ctranslate2`, run the same way.
 
 Forced lengths: EOS is forbidden until the last position, so every system
 generates exactly `--lengths` tokens per sentence (ours: `min_length` = the
@@ -175,10 +175,10 @@ SYSTEMS = {system.name: system for system in (
     # Our model (the tensorflow system's weights) exported by export_ctranslate2.
     System("ct2-ours", "ct2", "ours exported to CTranslate2, float32", backend="tensorflow",
            artifact="ct2-ours", compute_type="float32",
-           requires=("ctranslate2", "sentencepiece", "keras_transformer.export_ctranslate2")),
+           requires=("ctranslate2", "sentencepiece", "keras_transformer.export.ctranslate2")),
     System("ct2-ours-int8", "ct2", "ours exported to CTranslate2, int8", backend="tensorflow",
            artifact="ct2-ours", compute_type="int8",
-           requires=("ctranslate2", "sentencepiece", "keras_transformer.export_ctranslate2")),
+           requires=("ctranslate2", "sentencepiece", "keras_transformer.export.ctranslate2")),
 )}
 DEFAULT_SYSTEMS = tuple(SYSTEMS)
 
@@ -284,7 +284,7 @@ def usable_cores():
 
 def resolve_settings(args):
     """The workers' settings from the command line; `SystemExit` with one line if invalid."""
-    from keras_transformer.config import DecodingOptions, TransformerConfig
+    from keras_transformer.model.config import DecodingOptions, TransformerConfig
 
     if args.beam_size is None:
         args.beam_size = DecodingOptions.beam_size
@@ -436,9 +436,9 @@ def keras_runner(system, settings, workdir):
         thread_note = f"XLA CPU default ({usable_cores()} cores)"
     import keras
 
-    from keras_transformer.config import TransformerConfig
-    from keras_transformer.decoding import beam_search, greedy_decode
-    from keras_transformer.model import build_model
+    from keras_transformer.model.config import TransformerConfig
+    from keras_transformer.inference.decoding import beam_search, greedy_decode
+    from keras_transformer.model.transformer import build_model
 
     config = TransformerConfig(**settings["config"])
     keras.utils.set_random_seed(0)
@@ -448,7 +448,7 @@ def keras_runner(system, settings, workdir):
     if system.quantize:
         info["quantization"] = quantize_model(model, system.quantize)
     if system.dtype:
-        from keras_transformer.model import with_dtype
+        from keras_transformer.model.transformer import with_dtype
 
         model = with_dtype(model, system.dtype)
         info["dtype"] = system.dtype
@@ -625,10 +625,10 @@ def prepare_ct2_ours(settings, directory):
 
     import keras
 
-    from keras_transformer.config import TransformerConfig
+    from keras_transformer.model.config import TransformerConfig
     from keras_transformer.data import train_tokenizer
-    from keras_transformer.export_ctranslate2 import export_ctranslate2
-    from keras_transformer.model import build_model
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
+    from keras_transformer.model.transformer import build_model
 
     config = TransformerConfig(**settings["config"])
     rng = random.Random(0)

@@ -126,7 +126,7 @@ def parse_args(argv=None):
 
 def resolve_settings(args):
     """The workers' settings; `SystemExit` with one line for bad input."""
-    from keras_transformer.config import DecodingOptions, TransformerConfig
+    from keras_transformer.model.config import DecodingOptions, TransformerConfig
 
     if args.beam_size is None:
         args.beam_size = DecodingOptions.beam_size
@@ -181,11 +181,11 @@ def prepare(settings, directory):
 
     import keras
 
-    from keras_transformer.config import TransformerConfig
+    from keras_transformer.model.config import TransformerConfig
     from keras_transformer.data import generate_pairs, train_tokenizer
-    from keras_transformer.export import export_saved_model
-    from keras_transformer.model import build_model
-    from keras_transformer.translate import Translator
+    from keras_transformer.export.saved_model import export_saved_model
+    from keras_transformer.model.transformer import build_model
+    from keras_transformer.inference.translator import Translator
 
     start = time.perf_counter()
     pairs = generate_pairs(3000, seed=0)
@@ -277,10 +277,10 @@ def translator_path(backend, settings, prepared):
         threads = f"XLA CPU default ({usable_cores()} cores)"
     import keras
 
-    from keras_transformer.config import TransformerConfig
+    from keras_transformer.model.config import TransformerConfig
     from keras_transformer.data import Tokenizer
-    from keras_transformer.model import build_model
-    from keras_transformer.translate import Translator
+    from keras_transformer.model.transformer import build_model
+    from keras_transformer.inference.translator import Translator
 
     start = time.perf_counter()
     model = build_model(TransformerConfig(**prepared["config"]))

@@ -761,7 +761,7 @@ def time_steps(trainer, steps):
 def resolve_config(preset, **overrides):
     """The `TransformerConfig` dict of a preset, without importing Keras.
 
-    `keras_transformer/config.py` imports no framework, but importing it
+    `keras_transformer/model/config.py` imports no framework, but importing it
     through the package would (its `__init__` imports Keras), so the module
     is loaded from its file: the parent process stays framework-free.
     """

@@ -10,7 +10,7 @@ every round), and prints the median of each:
 
 - `bare step`: `model.train_on_batch` on the job's first `--updates`
   batches held in memory: no input pipeline, no callbacks;
-- `job`: `experiment.fit`, the job's training stage itself: its streaming
+- `job`: `job.fit`, the job's training stage itself: its streaming
   pipeline (built again with the job's seed each round, so the same batches)
   and its callbacks (update clock, log rows, checkpoints and backups into a
   temporary run folder, divergence check, signal handler); validation off
@@ -77,10 +77,14 @@ def main(argv=None):
     import numpy as np
     from benchmark_training import matmul_peak_gflops
 
-    from keras_transformer import experiment, runs, training
+    from keras_transformer import runs
+
+    from keras_transformer.training import job
+
+    from keras_transformer.training import optimization
     from keras_transformer.data import corpora
-    from keras_transformer.precision import policy_scope
-    from keras_transformer.settings import load_settings
+    from keras_transformer.model.precision import policy_scope
+    from keras_transformer.training.settings import load_settings
 
     print(f"fp32 matmul: {matmul_peak_gflops():.0f} GFLOP/s (numpy, 2048 x 2048)", flush=True)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="benchmark_job_"))
@@ -94,12 +98,12 @@ def main(argv=None):
                                     prepared_dir=settings.prepared_dir)
     keras.utils.set_random_seed(settings.seed)
     config = settings.model_config(vocab_size=corpus.vocab_size)
-    plan = training.plan_batches(settings.tokens_per_batch, max_length=settings.max_length)
+    plan = optimization.plan_batches(settings.tokens_per_batch, max_length=settings.max_length)
     policies = [None] + ([args.mixed_precision] if args.mixed_precision else [])
     models = {}
     for policy in policies:
         with policy_scope(policy or "float32"):
-            models[policy] = training.build_training_model(
+            models[policy] = optimization.build_training_model(
                 config, learning_rate_factor=settings.learning_rate_factor,
                 jit_compile=settings.jit_compile)
     model = models[None]
@@ -146,12 +150,12 @@ def main(argv=None):
             return (time.perf_counter() - start) / args.updates
         return timed
 
-    def job(multiple, model):
+    def job_run(multiple, model):
         def timed():
             train_ds, valid_ds, per_update = datasets(multiple)
             run = runs.RunFolder(tempfile.mkdtemp(dir=scratch))
             times = UpdateTimes()
-            experiment.fit(model, run, dataclasses.replace(settings, bucket_multiple=multiple),
+            job.fit(model, run, dataclasses.replace(settings, bucket_multiple=multiple),
                            train_ds, valid_ds, start_update=0, tokens_per_update=per_update,
                            callbacks=[times])
             return (times.times[-1] - times.times[0]) / args.updates
@@ -161,12 +165,12 @@ def main(argv=None):
     for multiple in multiples:
         name = "job" if multiple == settings.bucket_multiple else \
             f"job, bucket multiple {multiple}"
-        variants[name] = (job(multiple, model), multiple)
+        variants[name] = (job_run(multiple, model), multiple)
     if args.mixed_precision:
         mixed = models[args.mixed_precision]
         variants[f"bare step, {args.mixed_precision}"] = (bare_step(mixed),
                                                           settings.bucket_multiple)
-        variants[f"job, {args.mixed_precision}"] = (job(settings.bucket_multiple, mixed),
+        variants[f"job, {args.mixed_precision}"] = (job_run(settings.bucket_multiple, mixed),
                                                     settings.bucket_multiple)
     seconds = {name: [] for name in variants}
     order = list(variants)

@@ -13,7 +13,7 @@ does), so that no two runtimes share the cores:
 
 - `translator`, `translator-int8`, `translator-bf16`: `Translator` in a
   process with `KERAS_BACKEND=--backend` (default tensorflow: the search
-  XLA-compiled), on the float32 model, its `keras_transformer.model.quantized`
+  XLA-compiled), on the float32 model, its `keras_transformer.model.transformer.quantized`
   copy or its `with_dtype(model, "bfloat16")` copy;
 - `saved-model`, `saved-model-int8`, `saved-model-bf16`: a process that imports only TensorFlow
   and TensorFlow Text loads the export (as a model server does) and calls
@@ -35,7 +35,7 @@ and `Translator` run the same search (their outputs are the same in float32,
 and in int8 up to the rounding of the int8 activations); CTranslate2's beam
 search ranks its finished hypotheses by the same GNMT penalty
 (`CTranslate2Translator` reranks them) but stops a sentence differently (see
-`keras_transformer.export_ctranslate2`), so its beam outputs may differ a
+`keras_transformer.export.ctranslate2`), so its beam outputs may differ a
 little; with `--beam-size 1` they are the same.
 
 Threads: TensorFlow and XLA keep their defaults (one thread per core);
@@ -142,7 +142,7 @@ def read_lines(path):
 
 def decoding_options(args):
     """The run's decoding: `DecodingOptions` defaults, changed by the flags given."""
-    from keras_transformer.config import DecodingOptions
+    from keras_transformer.model.config import DecodingOptions
 
     return DecodingOptions().replace(beam_size=args.beam_size, alpha=args.alpha,
                                      max_extra_length=args.max_extra_length)
@@ -153,8 +153,8 @@ def decoding_options(args):
 
 def prepare(spec):
     """Exports the run as SavedModels and CTranslate2 folders; their paths."""
-    from keras_transformer.export import export_from_run
-    from keras_transformer.export_ctranslate2 import export_ctranslate2_from_run
+    from keras_transformer.export.saved_model import export_from_run
+    from keras_transformer.export.ctranslate2 import export_ctranslate2_from_run
 
     options = spec["options"]
     base = pathlib.Path(spec["export_dir"])
@@ -181,10 +181,10 @@ def prepare(spec):
 
 
 def _translator(spec, variant):
-    from keras_transformer.config import DecodingOptions
-    from keras_transformer.model import quantized, with_dtype
-    from keras_transformer.loading import load_run
-    from keras_transformer.translate import Translator
+    from keras_transformer.model.config import DecodingOptions
+    from keras_transformer.model.transformer import quantized, with_dtype
+    from keras_transformer.inference.loading import load_run
+    from keras_transformer.inference.translator import Translator
 
     import keras
 
@@ -228,7 +228,7 @@ def _saved_model(spec, path):
 def _ct2(spec, path):
     import ctranslate2
 
-    from keras_transformer.ctranslate2_runtime import CTranslate2Translator
+    from keras_transformer.export.ctranslate2_runtime import CTranslate2Translator
 
     translator = CTranslate2Translator(
         path, intra_threads=spec["ct2_threads"], batch_size=spec["batch_size"],
@@ -268,7 +268,7 @@ def run_system(name, spec):
 
 def summarize(systems, rounds, outputs, references):
     """Per system: BLEU, chrF, agreement with the reference, speed median and spread."""
-    from keras_transformer.evaluation import score_translations
+    from keras_transformer.inference.evaluation import score_translations
 
     reference = outputs.get(REFERENCE)
     summary, signature = {}, None

@@ -12,7 +12,7 @@ works here too; see docs/evaluation.md):
 checkpoint), ckpt-<update> or .weights.h5 paths. Prints sacreBLEU BLEU and
 chrF (detokenized, 13a, mixed case) per weights, beam size and split, and a
 Markdown table at the end. The logic is
-`keras_transformer.evaluation.evaluate_run`.
+`keras_transformer.inference.evaluation.evaluate_run`.
 """
 
 import sys

@@ -16,7 +16,7 @@ Data -> shared SentencePiece vocabulary -> token-bucketed tf.data -> the
 paper's model, optimizer, schedule and label-smoothed loss -> model.fit
 (re-run the same command to resume after a crash) -> average the last
 checkpoints -> beam search (4, alpha 0.6) -> sacreBLEU -> a SavedModel for
-TF Serving. The stages are `keras_transformer.experiment`.
+TF Serving. The stages are `keras_transformer.training.job`.
 """
 
 import sys

@@ -2,7 +2,7 @@
 
 Public names are imported on first use (PEP 562), so that the
 `keras-transformer` command can set up TensorFlow's logging before Keras
-and TensorFlow load, and `keras_transformer.config` or `.settings` can be
+and TensorFlow load, and `keras_transformer.model.config` or `.settings` can be
 read without importing them at all.
 """
 
@@ -29,24 +29,24 @@ def _version():
 __version__ = _version()
 
 _EXPORTS = {
-    "keras_transformer.config": ["DecodingOptions", "TransformerConfig", "length_penalty"],
-    "keras_transformer.decoding": ["beam_search", "decode", "greedy_decode"],
-    "keras_transformer.layers": ["DecoderLayer", "EncoderLayer", "MultiHeadAttention",
+    "keras_transformer.model.config": ["DecodingOptions", "TransformerConfig", "length_penalty"],
+    "keras_transformer.inference.decoding": ["beam_search", "decode", "greedy_decode"],
+    "keras_transformer.model.layers": ["DecoderLayer", "EncoderLayer", "MultiHeadAttention",
                                  "PaddingMask", "PositionalEncoding", "SharedEmbedding",
                                  "TransformerDecoder", "TransformerEncoder"],
-    "keras_transformer.losses": ["LabelSmoothedCrossEntropy", "MaskedAccuracy"],
-    "keras_transformer.model": ["Transformer", "build_model", "quantized", "with_dtype"],
-    "keras_transformer.plotting": ["plot_attention"],
-    "keras_transformer.schedules": ["TransformerSchedule"],
+    "keras_transformer.model.losses": ["LabelSmoothedCrossEntropy", "MaskedAccuracy"],
+    "keras_transformer.model.transformer": ["Transformer", "build_model", "quantized", "with_dtype"],
+    "keras_transformer.training.plotting": ["plot_attention"],
+    "keras_transformer.model.schedules": ["TransformerSchedule"],
     "keras_transformer.runs": ["list_checkpoints"],
-    "keras_transformer.training": ["TrainingTimer", "average_checkpoints", "build_training_model",
+    "keras_transformer.training.optimization": ["TrainingTimer", "average_checkpoints", "build_training_model",
                                    "compile_model", "optimizer_updates", "paper_optimizer",
                                    "peak_memory_mib", "plot_training"],
-    "keras_transformer.evaluation": ["BleuResult", "evaluate_bleu", "evaluate_run",
+    "keras_transformer.inference.evaluation": ["BleuResult", "evaluate_bleu", "evaluate_run",
                                      "score_translations"],
-    "keras_transformer.translate": ["Translator"],
+    "keras_transformer.inference.translator": ["Translator"],
     # TensorFlow-only.
-    "keras_transformer.export": ["export_saved_model"],
+    "keras_transformer.export.saved_model": ["export_saved_model"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

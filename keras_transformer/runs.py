@@ -5,7 +5,7 @@ evaluation, translation and export agree on its names (fairseq's
 `checkpoint_utils`, OpenNMT-tf's `model_dir`):
 
     <run>/
-      settings.json          the resolved settings (`keras_transformer.settings`)
+      settings.json          the resolved settings (`keras_transformer.training.settings`)
       config.json            the model's `TransformerConfig`
       spm.model              the shared SentencePiece vocabulary
       vocabulary.json        its sha256 and the prepared corpus it was copied from
@@ -39,7 +39,7 @@ yet taken (`files.set_aside`): nothing is deleted or overwritten. The files
 a command reads (`config.json`, `settings.json`, `best.json`) are checked as
 they are read: a damaged one is a `RunError` naming it. The run's
 vocabulary is looked after by `keras_transformer.run_vocabulary`, and a run
-is loaded for inference by `keras_transformer.loading`.
+is loaded for inference by `keras_transformer.inference.loading`.
 """
 
 import csv
@@ -236,7 +236,7 @@ class RunFolder:
 
     def read_config(self):
         """The run's `TransformerConfig` (`config.json`), `None` without the file."""
-        from keras_transformer.config import TransformerConfig
+        from keras_transformer.model.config import TransformerConfig
 
         values = self.read_json(CONFIG_FILE)
         if values is None:

@@ -120,7 +120,7 @@ BACKEND_INDEPENDENT_MODULES = {
     "test_names.py",
     # Prepared corpora: SentencePiece, TFRecord shards, tf.data streaming, and
     # the prepare / train commands in subprocesses.
-    "test_prepared.py",
+    "test_data_prepared.py",
     # The WMT-size corpus generator and the data benchmark (subprocesses).
     "test_benchmark_data.py",
     # Every test runs its models in subprocesses with KERAS_BACKEND set
@@ -144,7 +144,7 @@ XDIST_GROUPS = {
     "test_translate_command.py": "export",
     "test_serving_warmup.py": "serving_warmup",
     "test_ctranslate2.py": "ctranslate2",
-    "test_prepared.py": "prepared",
+    "test_data_prepared.py": "prepared",
     "test_data_sampling.py": "data_sampling",
     "test_data_demo.py": "data_demo",
     "test_decoding.py": "decoding",

@@ -14,7 +14,7 @@ import pathlib
 import pytest
 
 from keras_transformer import names
-from keras_transformer.config import DecodingOptions
+from keras_transformer.model.config import DecodingOptions
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "keras_transformer"
 # Names that only names.py may write as a string literal.
@@ -38,7 +38,7 @@ def test_names_module_imports_neither_keras_nor_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, keras_transformer.names, keras_transformer.config; "
+    code = ("import sys, keras_transformer.names, keras_transformer.model.config; "
             "print(sorted(m for m in ('keras', 'tensorflow', 'jax', 'torch') "
             "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -63,7 +63,7 @@ def test_quantized_accepts_exactly_the_keras_modes():
     import keras
     from keras.src.dtype_policies.dtype_policy import QUANTIZATION_MODES as KERAS_MODES
 
-    from keras_transformer.model import build_model, quantized
+    from keras_transformer.model.transformer import build_model, quantized
 
     keras.utils.set_random_seed(0)
     model = build_model(preset="tiny", vocab_size=64, num_layers=1, d_model=16, num_heads=2,
@@ -78,7 +78,7 @@ def test_quantized_accepts_exactly_the_keras_modes():
 
 
 def test_defaults_come_from_names_and_decoding_options():
-    from keras_transformer.settings import Settings
+    from keras_transformer.training.settings import Settings
 
     decoding = DecodingOptions()
     export_parser = _subcommand("export")

@@ -33,7 +33,7 @@ import types
 
 import pytest
 
-from keras_transformer import settings
+from keras_transformer.training import settings
 from keras_transformer.commands import PROG, build_parser
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -236,7 +236,7 @@ def table_problems(text, options=None, table=None):
                 if flag not in options.get("train", ())]
     if pasted != table:
         problems.append("the settings table differs from settings.markdown_table(); "
-                        "paste the output of python -c \"from keras_transformer.settings "
+                        "paste the output of python -c \"from keras_transformer.training.settings "
                         "import markdown_table; print(markdown_table())\"")
     return problems
 

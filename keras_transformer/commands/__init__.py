@@ -38,7 +38,7 @@ def _user_errors():
     """Exceptions that mean "the input is wrong", shown as one line."""
     from keras_transformer.data.readers import CorpusError
     from keras_transformer.runs import RunError
-    from keras_transformer.settings import SettingsError
+    from keras_transformer.training.settings import SettingsError
 
     # OSError: a file that cannot be read or written (a full disk, no
     # permission) is named with its reason, never shown as a traceback.

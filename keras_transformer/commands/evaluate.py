@@ -4,7 +4,7 @@ import json
 
 from keras_transformer import names
 from keras_transformer.commands.common import CommandError, setup_logging
-from keras_transformer.config import DecodingOptions
+from keras_transformer.model.config import DecodingOptions
 
 
 def add_parser(commands):
@@ -41,7 +41,7 @@ def run_evaluate(args):
     if negative:
         raise CommandError(f"--alpha must be >= 0, received {negative[0]:g}")
     setup_logging()
-    from keras_transformer.evaluation import evaluate_run
+    from keras_transformer.inference.evaluation import evaluate_run
 
     rows = evaluate_run(args.run, args.data, splits=args.splits, weights=args.weights,
                         beam_sizes=args.beam_sizes, alpha=args.alpha,

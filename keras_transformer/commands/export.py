@@ -4,7 +4,7 @@ import pathlib
 
 from keras_transformer import names
 from keras_transformer.commands.common import CommandError
-from keras_transformer.config import DecodingOptions
+from keras_transformer.model.config import DecodingOptions
 
 FORMATS = ("saved_model", "ctranslate2")
 # CTranslate2's weight types, from `names` so that building the parser
@@ -40,7 +40,7 @@ def run_export(args):
 def _export_saved_model(args, run_dir):
     # Under JAX or PyTorch, export_from_run exports in a TensorFlow-backend
     # subprocess (the weights are backend-portable).
-    from keras_transformer.export import export_from_run
+    from keras_transformer.export.saved_model import export_from_run
 
     # What is not given takes export_from_run's defaults (decoding: DecodingOptions').
     options = {name: getattr(args, name) for name in _SAVED_MODEL_ONLY
@@ -58,8 +58,8 @@ def _export_saved_model(args, run_dir):
 
 def _export_ctranslate2(args, run_dir):
     # Any backend: the weights are read as NumPy arrays in this process.
-    from keras_transformer.ctranslate2_runtime import CTranslate2NotInstalled
-    from keras_transformer.export_ctranslate2 import export_ctranslate2_from_run
+    from keras_transformer.export.ctranslate2_runtime import CTranslate2NotInstalled
+    from keras_transformer.export.ctranslate2 import export_ctranslate2_from_run
 
     given = [_flag(name) for name in _SAVED_MODEL_ONLY if getattr(args, name) is not None]
     if given:

@@ -50,7 +50,7 @@ def add_parser(commands):
 def run_prepare(args):
     setup_logging()
     from keras_transformer.data import corpora, prepared
-    from keras_transformer.settings import PRESET_DEFAULTS
+    from keras_transformer.training.settings import PRESET_DEFAULTS
 
     if args.preset not in PRESET_DEFAULTS:
         raise CommandError(f"--preset {args.preset!r} is not one of "

@@ -1,7 +1,7 @@
-"""`keras-transformer train`: the whole job, resumable (see `keras_transformer.experiment`)."""
+"""`keras-transformer train`: the whole job, resumable (see `keras_transformer.training.job`)."""
 
 from keras_transformer.commands.common import say, setup_logging
-from keras_transformer.settings import add_arguments, given_from_args
+from keras_transformer.training.settings import add_arguments, given_from_args
 
 DESCRIPTION = (
     "Trains, averages, tests and exports a Transformer in a run folder. Re-running "
@@ -20,14 +20,14 @@ def add_parser(commands):
 
 
 def run_train(args):
-    job, model, config_file = given_from_args(args)
-    setup_logging(job.get("verbose", 1))
-    from keras_transformer import experiment
-    from keras_transformer.settings import load_settings
+    given, model, config_file = given_from_args(args)
+    setup_logging(given.get("verbose", 1))
+    from keras_transformer.training import job
+    from keras_transformer.training.settings import load_settings
 
     try:
-        experiment.train(load_settings(job, model, config_file))
-    except experiment.Stopped as stop:
+        job.train(load_settings(given, model, config_file))
+    except job.Stopped as stop:
         # A signal is not an error: the run stopped where it says, resumable;
         # exit status 128 + its number. A diverged run is (exit status 1).
         say(args.called_as, str(stop), error=stop.outcome.kind == "diverged")

@@ -22,7 +22,7 @@ import time
 
 from keras_transformer import names
 from keras_transformer.commands.common import PROG, CommandError
-from keras_transformer.config import DecodingOptions
+from keras_transformer.model.config import DecodingOptions
 
 
 def resolve_model_dir(path):
@@ -272,10 +272,10 @@ def _load_saved_model(args):
 
 
 def _load_run(args, batch_size):
-    from keras_transformer.config import DecodingOptions
-    from keras_transformer.model import quantized, with_dtype
-    from keras_transformer.loading import load_run
-    from keras_transformer.translate import Translator
+    from keras_transformer.model.config import DecodingOptions
+    from keras_transformer.model.transformer import quantized, with_dtype
+    from keras_transformer.inference.loading import load_run
+    from keras_transformer.inference.translator import Translator
 
     run_dir = pathlib.Path(args.run)
     weights = args.weights or "final"
@@ -372,7 +372,7 @@ def add_parser(commands):
                      help="decode with int8 weights (Keras' model.quantize on a copy)")
     run.add_argument("--dtype", choices=names.DECODING_DTYPES,
                      help="decode in this dtype, weights and arithmetic (default float32; "
-                          "bfloat16: a bf16 copy, keras_transformer.model.with_dtype)")
+                          "bfloat16: a bf16 copy, keras_transformer.model.transformer.with_dtype)")
     t.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     t.set_defaults(func=run_translate)
     return t

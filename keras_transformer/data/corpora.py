@@ -19,7 +19,6 @@ import time
 
 from keras_transformer import names
 from keras_transformer.data import prepared
-from keras_transformer.settings import SettingsError
 
 logger = logging.getLogger("keras_transformer")
 
@@ -94,15 +93,15 @@ def prepare_corpus(data, *, vocab_size, max_length=None, prepared_dir=None,
         seed: the demo corpus's seed.
 
     Raises:
-        SettingsError: a prepared folder of another vocabulary size.
-        prepared.PreparedCorpusError: a corpus without valid and test splits,
-            or a damaged preparation.
+        prepared.PreparedCorpusError: a prepared folder of another vocabulary
+            size, a corpus without valid and test splits, or a damaged
+            preparation.
     """
     if prepared.is_prepared(data):
         corpus = prepared.PreparedCorpus(data)
         corpus.check()
         if corpus.vocab_size != vocab_size:
-            raise SettingsError(
+            raise prepared.PreparedCorpusError(
                 f"--vocab-size {vocab_size}: the prepared corpus {data} has vocabulary "
                 f"size {corpus.vocab_size}; prepare it again with --vocab-size "
                 f"{vocab_size}, or leave the flag out")

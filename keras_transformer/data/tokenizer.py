@@ -47,7 +47,7 @@ import tensorflow as tf
 import tensorflow_text
 from tensorflow_text.python.ops import sentencepiece_tokenizer as _tf_text_sentencepiece
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.model.config import TransformerConfig
 from keras_transformer.data.readers import iter_lines
 
 # The model's special ids (pad must be 0: the model's masks assume it).
