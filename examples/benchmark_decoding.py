@@ -56,8 +56,8 @@ decoding the two penalties do rank hypotheses differently.
 Threads: `--threads` (default: the cores this process may use) goes to
 `torch.set_num_threads` (PyTorch backend and HF) and to CTranslate2's
 `intra_threads` (with `inter_threads=1`; `--ct2-threads` sets CTranslate2's
-apart: on this project's 2-core machines CTranslate2 decoded 4-5x slower with
-2 intra-threads than with 1, while PyTorch and HF were faster with 2);
+apart: on 2 cores CTranslate2 decoded slower with 2 intra-threads than with 1,
+while PyTorch and HF were faster with 2, docs/results.md);
 TensorFlow's intra-/inter-op pools
 and XLA's CPU pool keep their defaults (one thread per core), and
 TensorFlow's intra-op pool is set to `--threads` only when it differs from

@@ -78,13 +78,12 @@ def main(argv=None):
     from benchmark_training import matmul_peak_gflops
 
     from keras_transformer import runs
-
-    from keras_transformer.training import job
-
-    from keras_transformer.training import optimization
     from keras_transformer.data import corpora
     from keras_transformer.model.precision import policy_scope
+    from keras_transformer.training import job
+    from keras_transformer.training.optimization import build_training_model
     from keras_transformer.training.settings import load_settings
+    from keras_transformer.training.strategy import plan_batches
 
     print(f"fp32 matmul: {matmul_peak_gflops():.0f} GFLOP/s (numpy, 2048 x 2048)", flush=True)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="benchmark_job_"))
@@ -98,12 +97,12 @@ def main(argv=None):
                                     prepared_dir=settings.prepared_dir)
     keras.utils.set_random_seed(settings.seed)
     config = settings.model_config(vocab_size=corpus.vocab_size)
-    plan = optimization.plan_batches(settings.tokens_per_batch, max_length=settings.max_length)
+    plan = plan_batches(settings.tokens_per_batch, max_length=settings.max_length)
     policies = [None] + ([args.mixed_precision] if args.mixed_precision else [])
     models = {}
     for policy in policies:
         with policy_scope(policy or "float32"):
-            models[policy] = optimization.build_training_model(
+            models[policy] = build_training_model(
                 config, learning_rate_factor=settings.learning_rate_factor,
                 jit_compile=settings.jit_compile)
     model = models[None]
@@ -156,8 +155,8 @@ def main(argv=None):
             run = runs.RunFolder(tempfile.mkdtemp(dir=scratch))
             times = UpdateTimes()
             job.fit(model, run, dataclasses.replace(settings, bucket_multiple=multiple),
-                           train_ds, valid_ds, start_update=0, tokens_per_update=per_update,
-                           callbacks=[times])
+                    train_ds, valid_ds, start_update=0, tokens_per_update=per_update,
+                    callbacks=[times])
             return (times.times[-1] - times.times[0]) / args.updates
         return timed
 

@@ -85,6 +85,19 @@ REFERENCE = "translator"
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
+def check_decoding_flags(parser, args):
+    """Refuses a bad --beam-size, --alpha or --max-extra-length in one line."""
+    from keras_transformer.model.config import DecodingOptions  # no Keras
+
+    for name in ("beam_size", "alpha", "max_extra_length"):
+        if getattr(args, name) is not None:
+            try:
+                DecodingOptions.check(name, getattr(args, name),
+                                      label=f"--{name.replace('_', '-')}")
+            except ValueError as error:
+                parser.error(str(error))
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="training run folder")
@@ -124,12 +137,13 @@ def parse_args(argv=None):
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: SYSTEM or "prepare"
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("beam_size", "max_extra_length", "max_sentences", "threads", "ct2_threads"):
+    if args.worker is None:  # a worker imports nothing of keras_transformer it does not run
+        check_decoding_flags(parser, args)
+    for name in ("max_sentences", "threads", "ct2_threads"):
         value = getattr(args, name)
-        if value is not None and value < (1 if name in ("beam_size", "max_sentences") else 0):
+        if value is not None and value < (1 if name == "max_sentences" else 0):
             parser.error(f"--{name.replace('_', '-')} must be at least "
-                         f"{1 if name in ('beam_size', 'max_sentences') else 0}, "
-                         f"received {value}")
+                         f"{1 if name == 'max_sentences' else 0}, received {value}")
     if args.rounds < 1 or args.batch_size < 1:
         parser.error("--rounds and --batch-size must be positive")
     return args

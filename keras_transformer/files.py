@@ -8,21 +8,32 @@ name and never crashes the interpreter:
   temporary name (`partial_path`), flushed to disk (`fsync`) and renamed;
   any failure removes the temporary file and raises `WriteError`, which
   names what was being written and why.
+- `append_bytes`: bytes added to the end of a file (a log), flushed to
+  disk; a failed append is cut off again, so no half line is left.
 - `save_weights` / `save_model`: HDF5 that hits a full disk halfway leaves
   the library in a state in which freeing its objects crashes the
-  interpreter (measured: a segmentation fault after "No space left on
-  device"), so weights and `.keras` files are made in memory first and
-  written with plain file I/O.
+  interpreter (a segmentation fault after "No space left on device"), so
+  weights and `.keras` files are made in memory first and written with
+  plain file I/O; HDF5 never writes to disk itself.
 - `set_aside(path, folder)`: moves a file out of the way under a name that
   is not taken; nothing set aside is ever overwritten.
 - `file_lock`: an exclusive lock the kernel releases when its holder dies.
-- `staging_dir` / `remove_abandoned`: a hidden folder a writer fills
-  before renaming its result into place, and the removal of those whose
-  writer is gone (a `kill -9` during an export).
+- `staging_dir` / `replace_with_staged` / `remove_abandoned`: a hidden
+  folder a writer fills, the rename of its result into place (whatever was
+  there set aside into the staging folder first, never half removed under
+  its name), and the removal of staging folders whose writer is gone (a
+  `kill -9` during an export).
+
+Two kinds of file are written by their own libraries, into folders of their
+own: TensorBoard's event files (`<run>/tensorboard/`, appended record by
+record by its `EventFileWriter`; `training.log.TrainingLog` turns a failure of
+it into a `WriteError`) and the SavedModel's and CTranslate2's files, which
+their libraries write into a `staging_dir` that `replace_with_staged` renames
+into place only when complete.
 
 This module knows nothing of run folders, corpora or models' meaning: the
 run folder (`keras_transformer.runs`), the prepared corpora
-(`keras_transformer.data.prepared`), training and the exports use it.
+(`keras_transformer.data.preparation`), training and the exports use it.
 """
 
 import contextlib
@@ -73,7 +84,7 @@ def partial_path(path):
 
 
 def write_atomically(path, write, what=None):
-    """Calls `write(temporary_path)` then renames the result to `path`.
+    """Calls `write(temporary_path)`, flushes the file to disk, then renames it to `path`.
 
     A failure (an `OSError` such as a full disk, or any error of `write`)
     removes the temporary file and raises `WriteError`; `path` keeps its
@@ -92,6 +103,7 @@ def write_atomically(path, write, what=None):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(str(partial))
+        _flush_to_disk(partial)
         os.replace(partial, path)
     except Exception as error:  # noqa: BLE001 (any failure: clean up, then say it)
         with contextlib.suppress(OSError):
@@ -102,22 +114,95 @@ def write_atomically(path, write, what=None):
     return path
 
 
+def _flush_to_disk(path):
+    """`fsync` of a written file: its bytes are on disk (or the disk's error is raised)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def write_bytes(path, data, what=None):
     """Writes `data` to `path` atomically, flushed to disk (`fsync`) before the rename."""
     def write(tmp):
         with open(tmp, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
 
     return write_atomically(path, write, what)
+
+
+def append_bytes(path, data, what=None):
+    """Appends `data` to `path` (created if missing), flushed to disk (`fsync`).
+
+    A failure (a full disk) cuts the file back to its previous length (or
+    removes a file it created) and raises `WriteError`: no partial record is
+    left at its end.
+
+    Args:
+        path: the file, e.g. a CSV log.
+        data: the bytes to add, e.g. whole lines.
+        what: what is written, for the error message (default the path).
+
+    Returns:
+        `path` as a `pathlib.Path`.
+    """
+    path = pathlib.Path(path)
+    size = path.stat().st_size if path.is_file() else None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            if size is None:
+                os.remove(path)
+            else:
+                os.truncate(path, size)
+        raise WriteError(path, error, what) from error
+    return path
+
+
+class InMemorySavingUnavailable(RuntimeError):
+    """This Keras lacks the saving internals that make a file's bytes in memory."""
+
+
+_SAVING_INTERNALS = ("H5IOStore", "_save_state", "save_model")
+
+
+def _unavailable(reason):
+    import keras
+
+    return InMemorySavingUnavailable(
+        f"Keras {keras.__version__} cannot make the file in memory "
+        f"(keras.src.saving.saving_lib: {reason}); install a Keras 3 release whose "
+        f"saving_lib has {', '.join(_SAVING_INTERNALS)}")
+
+
+def _saving_lib():
+    """Keras' `saving_lib`, whose stores write HDF5 into a `BytesIO`.
+
+    Raises:
+        InMemorySavingUnavailable: this Keras has moved or removed them.
+    """
+    try:
+        from keras.src.saving import saving_lib
+    except ImportError as error:
+        raise _unavailable(error) from None
+    missing = [name for name in _SAVING_INTERNALS if not hasattr(saving_lib, name)]
+    if missing:
+        raise _unavailable(f"no {', '.join(missing)}")
+    return saving_lib
 
 
 def weights_bytes(model, optimizer=True):
     """The bytes `model.save_weights` would write, made in memory.
 
     Made in memory: see the module docstring for why HDF5 must not meet a
-    full disk.
+    full disk. The HDF5 file holds the groups, datasets and attributes that
+    `model.save_weights` writes (a test compares them).
 
     Args:
         model: a Keras model.
@@ -125,11 +210,16 @@ def weights_bytes(model, optimizer=True):
             update count) when the model is compiled, as `save_weights`
             does; `False` for the model's weights only (a third of the
             bytes with Adam).
-    """
-    from keras.src.saving import saving_lib
 
+    Raises:
+        InMemorySavingUnavailable: this Keras cannot make them in memory.
+    """
+    saving_lib = _saving_lib()
     buffer = io.BytesIO()
-    store = saving_lib.H5IOStore(buffer, mode="w")
+    try:
+        store = saving_lib.H5IOStore(buffer, mode="w")
+    except TypeError as error:  # another signature: it may not take a BytesIO
+        raise _unavailable(f"H5IOStore: {error}") from None
     try:
         # Saveables already "visited" are skipped: that leaves the optimizer out.
         skip = set() if optimizer or getattr(model, "optimizer", None) is None \
@@ -151,13 +241,14 @@ def save_weights(model, path, what=None, optimizer=True):
         optimizer: as in `weights_bytes`.
 
     Raises:
-        WriteError: the file could not be written; no partial file is left.
+        WriteError: the file could not be written, or this Keras cannot make
+            its bytes in memory (never written straight to disk instead);
+            no partial file is left.
     """
     try:
         data = weights_bytes(model, optimizer=optimizer)
-    except (ImportError, AttributeError, TypeError):
-        # Keras moved its saving internals: write through its public API.
-        return write_atomically(path, model.save_weights, what)
+    except InMemorySavingUnavailable as error:
+        raise WriteError(path, error, what) from None
     return write_bytes(path, data, what)
 
 
@@ -165,16 +256,16 @@ def save_model(model, path, what=None):
     """`model.save(path)` (a `.keras` file), atomically, made in memory first.
 
     Raises:
-        WriteError: the file could not be written; no partial file is left.
+        WriteError: the file could not be written, or this Keras cannot make
+            its bytes in memory (never written straight to disk instead);
+            no partial file is left.
     """
     try:
-        from keras.src.saving import saving_lib
-
-        buffer = io.BytesIO()
-        saving_lib.save_model(model, buffer)  # a file object: the archive made in memory
-    except (ImportError, AttributeError, TypeError):
-        # Keras moved its saving internals: write through its public API.
-        return write_atomically(path, model.save, what)
+        saving_lib = _saving_lib()
+    except InMemorySavingUnavailable as error:
+        raise WriteError(path, error, what) from None
+    buffer = io.BytesIO()
+    saving_lib.save_model(model, buffer)  # a file object: the archive made in memory
     return write_bytes(path, buffer.getvalue(), what)
 
 
@@ -323,3 +414,41 @@ def staging_dir(parent, name):
             yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def replace_with_staged(staged, target):
+    """Renames `staged` (a file or folder inside a `staging_dir`) to `target`.
+
+    What `target` holds is first renamed into the staging folder (`staged`'s
+    parent), then `staged` is renamed to `target`, then the old one is
+    removed: `target` is never half removed under its own name, and if the
+    process dies in between, the staging folder takes the old one with it
+    (`remove_abandoned`). Both are in `target`'s folder, so both renames are
+    atomic; when the second fails, the old one is renamed back.
+
+    Args:
+        staged: what was written, in a folder of `staging_dir(target.parent, ...)`.
+        target: its final path; replaced if it exists.
+
+    Returns:
+        `target` as a `pathlib.Path`.
+    """
+    staged, target = pathlib.Path(staged), pathlib.Path(target)
+    old = None
+    if target.exists() or target.is_symlink():
+        old = unused_name(staged.parent / f"replaced-{target.name}")
+        os.replace(target, old)
+    try:
+        os.replace(staged, target)
+    except OSError:
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.replace(old, target)
+        raise
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(old)
+    return target

@@ -44,14 +44,14 @@ is loaded for inference by `keras_transformer.inference.loading`.
 
 import csv
 import dataclasses
+import io
 import json
 import logging
 import pathlib
 import re
 
 from keras_transformer import names
-from keras_transformer.files import (file_lock, file_sha256, set_aside, write_atomically,
-                                     write_bytes)
+from keras_transformer.files import append_bytes, file_lock, file_sha256, set_aside, write_bytes
 
 SETTINGS_FILE = "settings.json"
 CONFIG_FILE = names.CONFIG_FILE
@@ -373,19 +373,19 @@ def roll_back_log(log_file, rolled_back_file, update):
     if not drop:
         return 0
     rolled_back_file = pathlib.Path(rolled_back_file)
-    new_file = not rolled_back_file.is_file()
-    with open(rolled_back_file, "a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        if new_file:
-            writer.writeheader()
-        writer.writerows(drop)
-
-    def write(tmp):
-        with open(tmp, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(keep)
-
-    write_atomically(log_file, write)
+    append_bytes(rolled_back_file, _csv_bytes(fields, drop, header=not rolled_back_file.is_file()),
+                 what=f"writing the rolled-back log rows ({rolled_back_file.name})")
+    write_bytes(log_file, _csv_bytes(fields, keep),
+                what=f"writing the training log ({log_file.name})")
     return len(drop)
+
+
+def _csv_bytes(fields, rows, header=True):
+    """`rows` (dicts) as CSV bytes with `fields` as columns, the header line first."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue().encode("utf-8")
 

@@ -46,17 +46,24 @@ def test_names_module_imports_neither_keras_nor_tensorflow():
     assert result.stdout.strip() == "[]"
 
 
-def test_quantize_choices_of_the_commands_are_the_names_tuples():
+def test_quantize_choices_of_the_commands_are_the_names_tuples(tmp_path):
     from keras_transformer.commands import export as export_command
+    from keras_transformer.commands.common import CommandError
 
     assert tuple(_option(_subcommand("export"), "--quantize").choices) \
         == names.CTRANSLATE2_QUANTIZATIONS
-    assert export_command.SAVED_MODEL_QUANTIZATIONS == names.KERAS_QUANTIZATIONS
     for command in ("evaluate", "translate"):
         assert tuple(_option(_subcommand(command), "--quantize").choices) \
             == names.KERAS_QUANTIZATIONS
     # A SavedModel's modes are among the flag's choices (one flag for both formats).
     assert set(names.KERAS_QUANTIZATIONS) <= set(names.CTRANSLATE2_QUANTIZATIONS)
+    # A CTranslate2-only mode is refused for a SavedModel, before anything is loaded,
+    # with the line the user reads.
+    args = argparse.Namespace(run=str(tmp_path), format="saved_model", quantize="int8_float16")
+    with pytest.raises(CommandError) as caught:
+        export_command.run_export(args)
+    assert str(caught.value) == ("--quantize int8_float16 applies to --format ctranslate2 "
+                                 "only; a SavedModel takes --quantize int8")
 
 
 def test_quantized_accepts_exactly_the_keras_modes():
@@ -77,24 +84,64 @@ def test_quantized_accepts_exactly_the_keras_modes():
             quantized(model, mode)
 
 
-def test_defaults_come_from_names_and_decoding_options():
+def _decoding_flags():
+    """`{"<command> <flag>": (default, help)}` of the flags that say a default."""
+    flags = {"export": ("--export-dir", "--beam-size", "--alpha", "--max-extra-length"),
+             "evaluate": ("--beam-sizes", "--alpha"),
+             "translate": ("--beam-size", "--alpha", "--max-extra-length")}
+    found = {}
+    for command, options in flags.items():
+        parser = _subcommand(command)
+        for flag in options:
+            option = _option(parser, flag)
+            found[f"{command} {flag}"] = (option.default, option.help)
+    return found
+
+
+def test_defaults_come_from_names_and_decoding_options(monkeypatch):
+    """The flags say DecodingOptions' and names' defaults as the user reads them, and
+    follow them when they change."""
+    from keras_transformer.commands import evaluate as evaluate_command
+    from keras_transformer.commands import export as export_command
+    from keras_transformer.commands import translate as translate_command
     from keras_transformer.training.settings import Settings
 
-    decoding = DecodingOptions()
-    export_parser = _subcommand("export")
-    assert _option(export_parser, "--export-dir").default == names.EXPORT_ROOT
-    assert Settings.__dataclass_fields__["export_dir"].default == names.EXPORT_ROOT
-    assert f"(default {decoding.beam_size})" in _option(export_parser, "--beam-size").help
-    assert f"(default {decoding.alpha:g})" in _option(export_parser, "--alpha").help
-    assert str(decoding.max_extra_length) in _option(export_parser, "--max-extra-length").help
-    evaluate_parser = _subcommand("evaluate")
-    assert _option(evaluate_parser, "--beam-sizes").default == [decoding.beam_size]
-    assert f"(default {decoding.alpha:g})" in _option(evaluate_parser, "--alpha").help
-    translate_parser = _subcommand("translate")
-    assert f"default {decoding.beam_size};" in _option(translate_parser, "--beam-size").help
-    assert f"(default {decoding.alpha:g})" in _option(translate_parser, "--alpha").help
-    assert f"(default {decoding.max_extra_length})" in _option(
-        translate_parser, "--max-extra-length").help
+    assert Settings.__dataclass_fields__["export_dir"].default == "saved_models"
+    assert _decoding_flags() == {
+        "export --export-dir": ("saved_models", "base folder (default saved_models): "
+                                "<export-dir>/<model-name>/<version>/ for a SavedModel, "
+                                "<export-dir>/<model-name>-ct2[-<quantize>]/ for CTranslate2"),
+        "export --beam-size": (None, "saved_model: of serving_default (default 4)"),
+        "export --alpha": (None, "saved_model: length penalty (default 0.6)"),
+        "export --max-extra-length": (None, "saved_model: default 50"),
+        "evaluate --beam-sizes": ([4], "1 = greedy (default 4)"),
+        "evaluate --alpha": (None, "length penalty (default 0.6); several values give a row "
+                                   "each (tune it on a validation split, not on the test set)"),
+        "translate --beam-size": (None, "default 4; 1 = greedy"),
+        "translate --alpha": (None, "length-penalty strength (default 0.6)"),
+        "translate --max-extra-length": (None, "outputs have at most source length + this "
+                                               "many ids (default 50)"),
+    }
+    # Other defaults in DecodingOptions and names: every flag says them.
+    for module in (export_command, evaluate_command, translate_command):
+        monkeypatch.setattr(module, "DecodingOptions", lambda: DecodingOptions(
+            beam_size=7, alpha=0.25, max_extra_length=9))
+    monkeypatch.setattr(names, "EXPORT_ROOT", "elsewhere")
+    changed = _decoding_flags()
+    assert changed["export --export-dir"][0] == "elsewhere"
+    assert changed["export --export-dir"][1].startswith("base folder (default elsewhere): ")
+    assert {flag: value for flag, value in changed.items() if flag != "export --export-dir"} == {
+        "export --beam-size": (None, "saved_model: of serving_default (default 7)"),
+        "export --alpha": (None, "saved_model: length penalty (default 0.25)"),
+        "export --max-extra-length": (None, "saved_model: default 9"),
+        "evaluate --beam-sizes": ([7], "1 = greedy (default 7)"),
+        "evaluate --alpha": (None, "length penalty (default 0.25); several values give a row "
+                                   "each (tune it on a validation split, not on the test set)"),
+        "translate --beam-size": (None, "default 7; 1 = greedy"),
+        "translate --alpha": (None, "length-penalty strength (default 0.25)"),
+        "translate --max-extra-length": (None, "outputs have at most source length + this "
+                                               "many ids (default 9)"),
+    }
 
 
 def test_translate_command_picks_the_signature_by_its_names(monkeypatch):

@@ -17,6 +17,9 @@ mkdocs.yml), CHANGELOG.md and saved_models/README.md:
   (docs/api.md) lists every name of `keras_transformer.__all__`;
 - the README's "Python API" block, which docs/api.md includes, runs as it is
   (slow: it trains).
+- the picture of docs/design.md, docs/images/pipeline.svg, is what
+  docs/draw_pipeline.py draws now, and no page has a Mermaid fence (the site
+  renders its pictures offline, without a script from a CDN).
 
 `command_problems(text)`, `omitted_options(texts)` and `table_problems(text)`
 return the problems as sentences naming the flag and the command; the tests
@@ -43,6 +46,9 @@ SETTINGS_PAGE = REPO / "docs" / "training.md"
 PAGES = [README, *sorted((REPO / "docs").rglob("*.md")), REPO / "CHANGELOG.md",
          REPO / "saved_models" / "README.md"]
 README_MAX_LINES = 250
+DESIGN_PAGE = REPO / "docs" / "design.md"
+PIPELINE_SCRIPT = REPO / "docs" / "draw_pipeline.py"
+PIPELINE_PICTURE = REPO / "docs" / "images" / "pipeline.svg"
 TABLE_START = "<!-- settings-table:start -->"
 TABLE_END = "<!-- settings-table:end -->"
 
@@ -403,6 +409,28 @@ def test_a_drifted_settings_table_is_reported(options):
     assert len(problems) == 1 and "settings table differs" in problems[0], problems
     no_markers = page.replace(TABLE_START, "")
     assert any("markers" in p for p in table_problems(no_markers, options))
+
+
+def test_the_pipeline_picture_is_what_its_script_draws():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("draw_pipeline", PIPELINE_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.OUTPUT == PIPELINE_PICTURE
+    assert script.svg() == script.svg(), "the picture's script is not deterministic"
+    assert PIPELINE_PICTURE.read_text(encoding="utf-8") == script.svg(), (
+        "docs/images/pipeline.svg is stale: run `python docs/draw_pipeline.py`")
+    assert "](images/pipeline.svg)" in DESIGN_PAGE.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("path", [str(p.relative_to(REPO)) for p in PAGES])
+def test_no_page_has_a_mermaid_fence(path):
+    # The site has no Mermaid script (it would come from a CDN when the page
+    # is viewed): a picture is an SVG drawn by a script, as docs/images/pipeline.svg.
+    text = (REPO / path).read_text(encoding="utf-8")
+    assert not re.search(r"^\s*(```|~~~)\s*mermaid", text, re.MULTILINE), (
+        f"{path} has a Mermaid fence, which renders as code offline")
 
 
 @pytest.mark.slow

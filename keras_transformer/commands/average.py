@@ -22,7 +22,7 @@ def run_average(args):
     setup_logging()
     from keras_transformer import runs
     from keras_transformer.inference import loading
-    from keras_transformer.training.optimization import average_checkpoints
+    from keras_transformer.training.averaging import average_checkpoints
 
     if args.last < 1:
         raise CommandError(f"--last must be >= 1, received {args.last}")

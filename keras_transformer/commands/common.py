@@ -1,5 +1,6 @@
 """What every sub-command shares: the program name, user errors, quiet start-up."""
 
+import importlib
 import logging
 import os
 import sys
@@ -9,6 +10,27 @@ PROG = "keras-transformer"
 
 class CommandError(Exception):
     """A user error: printed as `<prog> <command>: error: <message>`, exit status 1."""
+
+
+def check_decoding_argument(name, value, flag=None):
+    """`DecodingOptions.check` of a command's flag: a bad value is a `CommandError`.
+
+    Args:
+        name: the decoding argument, e.g. `"beam_size"`.
+        value: the value the flag was given.
+        flag: how the message names it (default `--<name>` with dashes).
+
+    Raises:
+        CommandError: one line naming the flag and the value, e.g.
+            `--alpha must be >= 0, received -1`.
+    """
+    from keras_transformer.model.config import DecodingOptions
+    from keras_transformer.training.settings import flag as flag_of
+
+    try:
+        DecodingOptions.check(name, value, label=flag or flag_of(name))
+    except ValueError as error:
+        raise CommandError(str(error)) from None
 
 
 def say(command, message, *, error=True):
@@ -35,8 +57,8 @@ def quiet_tensorflow(verbose=False):
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     try:
-        import keras  # noqa: F401  (imports the backend, TensorFlow too)
-        import tensorflow  # noqa: F401
+        importlib.import_module("keras")  # imports the backend, TensorFlow too
+        importlib.import_module("tensorflow")
     finally:
         os.dup2(saved, 2)
         os.close(saved)

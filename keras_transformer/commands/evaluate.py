@@ -3,7 +3,7 @@
 import json
 
 from keras_transformer import names
-from keras_transformer.commands.common import CommandError, setup_logging
+from keras_transformer.commands.common import check_decoding_argument, setup_logging
 from keras_transformer.model.config import DecodingOptions
 
 
@@ -37,9 +37,10 @@ def add_parser(commands):
 
 
 def run_evaluate(args):
-    negative = [a for a in args.alpha or () if a < 0]
-    if negative:
-        raise CommandError(f"--alpha must be >= 0, received {negative[0]:g}")
+    for beam_size in args.beam_sizes:
+        check_decoding_argument("beam_size", beam_size, flag="--beam-sizes")
+    for alpha in args.alpha or ():
+        check_decoding_argument("alpha", alpha)
     setup_logging()
     from keras_transformer.inference.evaluation import evaluate_run
 

@@ -5,6 +5,7 @@ import pathlib
 from keras_transformer import names
 from keras_transformer.commands.common import CommandError
 from keras_transformer.model.config import DecodingOptions
+from keras_transformer.training.settings import flag
 
 FORMATS = ("saved_model", "ctranslate2")
 # CTranslate2's weight types, from `names` so that building the parser
@@ -17,10 +18,6 @@ _SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_source_length",
                      "max_extra_length", "batch_size", "dtype")
 # The SavedModel's own weight quantization (Keras' model.quantize).
 SAVED_MODEL_QUANTIZATIONS = names.KERAS_QUANTIZATIONS
-
-
-def _flag(name):
-    return "--" + name.replace("_", "-")
 
 
 def run_export(args):
@@ -61,7 +58,7 @@ def _export_ctranslate2(args, run_dir):
     from keras_transformer.export.ctranslate2_runtime import CTranslate2NotInstalled
     from keras_transformer.export.ctranslate2 import export_ctranslate2_from_run
 
-    given = [_flag(name) for name in _SAVED_MODEL_ONLY if getattr(args, name) is not None]
+    given = [flag(name) for name in _SAVED_MODEL_ONLY if getattr(args, name) is not None]
     if given:
         raise CommandError(
             f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --format "

@@ -8,7 +8,7 @@
 `train --data <text folder>` prepares the folder itself (into the same
 default place, `runs/prepared/<corpus>_v<vocab-size>`) and reuses it, so this
 command is needed only to prepare ahead of time, elsewhere, or with other
-options (shards, tokenizer sample). See `keras_transformer.data.prepared`.
+options (shards, tokenizer sample). See `keras_transformer.data.preparation`.
 """
 
 import pathlib
@@ -49,7 +49,7 @@ def add_parser(commands):
 
 def run_prepare(args):
     setup_logging()
-    from keras_transformer.data import corpora, prepared
+    from keras_transformer.data import corpora, preparation, prepared
     from keras_transformer.training.settings import PRESET_DEFAULTS
 
     if args.preset not in PRESET_DEFAULTS:
@@ -72,8 +72,9 @@ def run_prepare(args):
     if args.tokenizer_sample:
         options["tokenizer_sample"] = args.tokenizer_sample
     # A reused preparation's shards are checked by sha256.
-    corpus = prepared.ensure_prepared(inputs, output, vocab_size=vocab_size,
-                                      tokenizer_file=args.tokenizer, verify=True, **options)
+    corpus = preparation.ensure_prepared(inputs, output, vocab_size=vocab_size,
+                                         tokenizer_file=args.tokenizer, verify=True,
+                                         **options)
     counts = corpus.length_policy("train", max_length)
     print(f"{corpus.directory}: {corpus.summary()}; the length policy (max {max_length} "
           f"tokens) drops {counts.num_over_long:,} training pairs"

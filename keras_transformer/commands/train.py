@@ -24,10 +24,11 @@ def run_train(args):
     setup_logging(given.get("verbose", 1))
     from keras_transformer.training import job
     from keras_transformer.training.settings import load_settings
+    from keras_transformer.training.stops import Stopped
 
     try:
         job.train(load_settings(given, model, config_file))
-    except job.Stopped as stop:
+    except Stopped as stop:
         # A signal is not an error: the run stopped where it says, resumable;
         # exit status 128 + its number. A diverged run is (exit status 1).
         say(args.called_as, str(stop), error=stop.outcome.kind == "diverged")

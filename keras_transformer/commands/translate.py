@@ -21,7 +21,7 @@ import sys
 import time
 
 from keras_transformer import names
-from keras_transformer.commands.common import PROG, CommandError
+from keras_transformer.commands.common import PROG, CommandError, check_decoding_argument
 from keras_transformer.model.config import DecodingOptions
 
 
@@ -58,10 +58,12 @@ def resolve_model_dir(path):
 
 def load_signature(model_dir, signature_name):
     """Loads a SavedModel with TensorFlow and TensorFlow Text only; returns the signature."""
+    import importlib
+
     import tensorflow as tf
 
     try:
-        import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+        importlib.import_module("tensorflow_text")  # registers the SentencePiece ops
     except ImportError:
         raise CommandError("tensorflow-text is needed to run the exported tokenizer: "
                            "pip install tensorflow-text") from None
@@ -221,18 +223,14 @@ def _check_options(args):
         return
     if args.signature:
         raise CommandError("--signature selects a SavedModel signature; it needs --model")
-    if args.beam_size is not None and args.beam_size < 1:
-        raise CommandError(f"--beam-size must be positive, received {args.beam_size}")
+    for name in ("beam_size", "alpha", "max_extra_length"):
+        if getattr(args, name) is not None:
+            check_decoding_argument(name, getattr(args, name))
     if args.greedy and args.beam_size not in (None, 1):
         raise CommandError(f"--greedy is --beam-size 1, not --beam-size {args.beam_size}")
-    if args.alpha is not None and args.alpha < 0:
-        raise CommandError(f"--alpha must be >= 0, received {args.alpha}")
     if args.quantize and args.dtype not in (None, "float32"):
         raise CommandError(f"--quantize {args.quantize} and --dtype {args.dtype} are "
                            "alternatives: int8 weights or bf16 weights")
-    if args.max_extra_length is not None and args.max_extra_length < 0:
-        raise CommandError("--max-extra-length must be >= 0, received "
-                           f"{args.max_extra_length}")
 
 
 def _open_input(args):

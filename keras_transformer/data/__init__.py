@@ -2,9 +2,10 @@
 
 TensorFlow-only (tf.data, tf-text, sentencepiece, tensorflow-datasets); the
 datasets it builds feed `model.fit` on every Keras backend. A corpus is
-prepared once (`prepared`: vocabulary, token-id shards, manifest) and
-streamed into length-bucketed batches (`streaming`); `corpora` says which
-corpus `--data` names and prepares it.
+prepared once (`preparation`: vocabulary, token-id shards of `records`, a
+manifest), read as a `prepared.PreparedCorpus` and streamed into
+length-bucketed batches (`streaming`); `corpora` says which corpus `--data`
+names and prepares it.
 
 Example:
 

@@ -18,7 +18,7 @@ import pathlib
 import time
 
 from keras_transformer import names
-from keras_transformer.data import prepared
+from keras_transformer.data import preparation, prepared
 
 logger = logging.getLogger("keras_transformer")
 
@@ -26,7 +26,7 @@ PREPARED_ROOT = pathlib.Path(names.PREPARED_ROOT)
 
 
 def corpus_inputs(data, work_dir=None, *, seed=0):
-    """The `prepared.CorpusInputs` that `--data` names.
+    """The `preparation.CorpusInputs` that `--data` names.
 
     Args:
         data: `"demo"` (generated offline, see `keras_transformer.data.demo`),
@@ -41,18 +41,18 @@ def corpus_inputs(data, work_dir=None, *, seed=0):
         directory = pathlib.Path(work_dir or PREPARED_ROOT) / f"demo-seed{seed}"
         if not (directory / "test.de").exists():
             write_demo_corpus(directory, seed=seed)
-        inputs = prepared.text_inputs(directory, name=f"demo-seed{seed}")
+        inputs = preparation.text_inputs(directory, name=f"demo-seed{seed}")
     elif data == "wmt14":
         from keras_transformer.data.readers import WMT14_NAME, load_wmt14
 
         # tfds names: train (4.5M pairs), validation (newstest2013), test
         # (newstest2014). Loaded only when a preparation is needed.
-        inputs = prepared.CorpusInputs(
+        inputs = preparation.CorpusInputs(
             "wmt14", train=lambda: load_wmt14("train"),
             valid=lambda: load_wmt14("validation"), test=lambda: load_wmt14("test"),
             key={"tfds": WMT14_NAME, "splits": ["train", "validation", "test"]})
     else:
-        inputs = prepared.text_inputs(data)
+        inputs = preparation.text_inputs(data)
     missing = [split for split in ("valid", "test") if getattr(inputs, split) is None]
     if missing:
         raise FileNotFoundError(
@@ -63,7 +63,7 @@ def corpus_inputs(data, work_dir=None, *, seed=0):
 
 def default_prepared_dir(inputs, vocab_size, tokenizer_file=None, root=None):
     """`<root>/<corpus>_v<vocab>` (or `_spm-<hash>` for a given vocabulary); root `PREPARED_ROOT`."""
-    return prepared.default_directory(root or PREPARED_ROOT, inputs, vocab_size,
+    return preparation.default_directory(root or PREPARED_ROOT, inputs, vocab_size,
                                       tokenizer_file)
 
 
@@ -110,10 +110,10 @@ def prepare_corpus(data, *, vocab_size, max_length=None, prepared_dir=None,
         inputs = corpus_inputs(data, seed=seed)
         named = None if tokenizer_from_default else tokenizer_file
         directory = prepared_dir or default_prepared_dir(inputs, vocab_size, named)
-        if tokenizer_from_default and prepared.stale_reason(
+        if tokenizer_from_default and preparation.stale_reason(
                 directory, inputs, vocab_size=vocab_size) is None:
             tokenizer_file = None  # the usual case: the vocabulary came from there
-        corpus = prepared.ensure_prepared(inputs, directory, vocab_size=vocab_size,
+        corpus = preparation.ensure_prepared(inputs, directory, vocab_size=vocab_size,
                                           tokenizer_file=tokenizer_file,
                                           max_length=max_length)
     if not corpus.has_split("valid") or corpus.text_paths("test") is None:
@@ -160,7 +160,7 @@ def training_datasets(corpus, *, tokens_per_batch, max_length, num_replicas=1,
         sampled.split() if sampled else corpus.split("train"), max_length)
     logger.info(f"Training pairs: {counts.num_pairs:,}; the length policy (max "
                 f"{max_length} tokens) drops {counts.num_over_long:,}"
-                + (f" of the first sampled segmentation" if sampled else ""))
+                + (" of the first sampled segmentation" if sampled else ""))
     start = (0, 0)
     if start_update:
         begin = time.time()

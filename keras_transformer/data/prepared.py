@@ -1,164 +1,54 @@
-"""A corpus prepared once: shared vocabulary, sharded token-id records, a manifest.
+"""A prepared corpus: its folder, manifest and records, read for training.
 
-`prepare` is the data stage of a paper-scale run, as `fairseq-preprocess` or
-OpenNMT-tf's vocabulary and data steps are: it runs once per corpus and every
-training run that names the prepared folder reuses it.
-
-1. It trains the shared SentencePiece model on a random sample of the
-   training sentences (`tokenizer_sample`, SentencePiece's
-   `input_sentence_size` with `shuffle_input_sentence`), so its memory does
-   not grow with the corpus.
-2. It encodes every pair once, streaming, chunk by chunk (SentencePiece
-   encodes each chunk on all cores), and writes the training pairs to
-   `num_shards` TFRecord shards in a seeded random order: each pair goes to
-   a random shard, then each shard is shuffled in memory (one shard at a
-   time). Reading the shards interleaved with a bounded shuffle buffer is
-   then a good global shuffle, even for a corpus that is sorted by origin.
-   The validation pairs keep their order in one shard.
-3. It writes `manifest.json` last: the inputs (path, size, mtime, sha256),
-   the tokenizer's sha256, per split the pairs read, kept and dropped (and
-   why), token counts and length histograms, and every shard's pairs, bytes
-   and sha256. The manifest's presence marks a complete preparation; a
-   preparation is written to a temporary folder and renamed into place.
-
-Record format: one TFRecord per pair, whose payload is little-endian
-`uint16` (`int32` for vocabularies over 65,536 ids):
-`[len(source), source ids..., target ids...]`, subword ids without BOS/EOS.
-Pairs with an empty side, or a side over 65,535 subwords, are dropped and
-counted.
-
-`PreparedCorpus.dataset` streams the shards into the batches `model.fit`
-consumes; see `keras_transformer.data.streaming`.
-
-Layout of a prepared folder:
+A prepared folder is written once per corpus by
+`keras_transformer.data.preparation.prepare` (the data stage of a
+paper-scale run, as `fairseq-preprocess` is) and read by every run that
+names it. Layout:
 
     manifest.json
     spm.model                              the shared vocabulary
     train-00000-of-00041.tfrecord ...      shuffled training pairs
     valid-00000-of-00001.tfrecord          validation pairs, in order
     text/valid.en, text/test.de, ...       only for tfds input (small splits)
+
+Each shard holds one TFRecord per sentence pair, in the layout of
+`keras_transformer.data.records` (`record.dtype` in the manifest).
+
+`manifest.json` is written last, so its presence marks a complete
+preparation (`is_prepared`): the inputs (path, size, mtime, sha256), the
+tokenizer's sha256, per split the pairs read, kept and dropped (and why),
+token counts and length histograms, and every shard's pairs, bytes and
+sha256. `PreparedCorpus` reads it, checks the shards against it, and
+streams the shards into the batches `model.fit` consumes (see
+`keras_transformer.data.streaming`); the length histograms give the length
+policy's counts and the batch plan without reading a record.
 """
 
-import array
-import dataclasses
-import datetime
 import json
-import logging
 import os
 import pathlib
-import resource
-import shutil
-import struct
-import time
 
 import numpy as np
 
 from keras_transformer import names
-from keras_transformer.data.readers import CorpusError, iter_parallel_lines
-from keras_transformer.files import file_lock, file_sha256, staging_dir
-
-logger = logging.getLogger("keras_transformer")
+from keras_transformer.data.readers import CorpusError
+from keras_transformer.files import file_sha256
 
 FORMAT = "keras_transformer.prepared/1"
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = names.TOKENIZER_FILE
 TEXT_DIR = "text"
-# Default shard count: about this many bytes of input text per shard.
-BYTES_PER_SHARD = 32 * 2**20
-MAX_SHARDS = 1024
-# Default sentences sampled for the tokenizer (both languages together).
-TOKENIZER_SAMPLE = 2_000_000
-ENCODE_CHUNK = 20_000
-_MAX_UINT16_LENGTH = 2**16 - 1
 
 
 class PreparedCorpusError(CorpusError):
     """A prepared folder that is incomplete, damaged or not what a run needs."""
 
 
-# --- inputs --------------------------------------------------------------------------
-
-
-def describe_file(path, *, sha256=True):
-    """`{path, size, mtime_ns, sha256}` of an input file (what makes it "the same")."""
-    path = pathlib.Path(path).resolve()
-    stat = path.stat()
-    info = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    if sha256:
-        info["sha256"] = file_sha256(path)
-    return info
-
-
-def _same_file(recorded, path):
-    """Whether `path` still holds the bytes `recorded` describes (sha256 only if needed)."""
-    path = pathlib.Path(path).resolve()
-    if str(path) != recorded.get("path") or not path.is_file():
-        return False
-    stat = path.stat()
-    if stat.st_size != recorded.get("size"):
-        return False
-    if stat.st_mtime_ns == recorded.get("mtime_ns"):
-        return True
-    return file_sha256(path) == recorded.get("sha256")
-
-
-@dataclasses.dataclass(frozen=True)
-class CorpusInputs:
-    """What a preparation is made from.
-
-    Attributes:
-        name: a short name (`multi30k`, `wmt14`, `demo`), used in folder names.
-        train: `(source_path, target_path)` text files, or a `tf.data.Dataset`
-            of `(source, target)` scalar strings, or a function returning one
-            (e.g. `lambda: load_wmt14("train")`, called only if a preparation
-            is needed).
-        valid: the same for the validation split, or `None`.
-        test: `(source_path, target_path)` text files of the test split, or
-            `None`; recorded, not encoded (beam search reads the text).
-        key: for dataset inputs, what identifies them (e.g. the tfds name and
-            split); files are identified by their contents.
-    """
-
-    name: str
-    train: object
-    valid: object = None
-    test: object = None
-    key: dict = None
-
-    def files(self):
-        """`{split: (source, target)}` of the splits given as text files."""
-        return {split: tuple(pathlib.Path(p) for p in value)
-                for split, value in (("train", self.train), ("valid", self.valid),
-                                     ("test", self.test))
-                if isinstance(value, (tuple, list))}
-
-
-def text_inputs(directory, name=None):
-    """`CorpusInputs` of a folder with `{train,valid,test}.{en,de}` (valid/test optional)."""
-    directory = pathlib.Path(directory)
-    splits = {}
-    for split in ("train", "valid", "test"):
-        pair = (directory / f"{split}.en", directory / f"{split}.de")
-        present = [p.is_file() for p in pair]
-        if all(present):
-            splits[split] = pair
-        elif any(present) or split == "train":
-            missing = [str(p) for p, ok in zip(pair, present) if not ok]
-            raise FileNotFoundError(
-                f"corpus folder {directory} must hold train/valid/test .en/.de files "
-                f"(the layout of shared/data/multi30k); missing: {', '.join(missing)}")
-    return CorpusInputs(name or directory.resolve().name, splits["train"],
-                        splits.get("valid"), splits.get("test"))
-
-
-# --- the manifest --------------------------------------------------------------------
-
-
-def _histogram_dict(counts):
-    return {str(i): int(c) for i, c in enumerate(counts) if c}
+# --- the manifest's statistics -------------------------------------------------------
 
 
 def _histogram_array(mapping):
+    """A manifest histogram `{"length": count}` as an int64 array indexed by length."""
     if not mapping:
         return np.zeros(1, np.int64)
     size = max(int(k) for k in mapping) + 1
@@ -166,59 +56,6 @@ def _histogram_array(mapping):
     for key, value in mapping.items():
         out[int(key)] = value
     return out
-
-
-class _SplitStats:
-    """Counts of one split while it is encoded."""
-
-    def __init__(self):
-        self.pairs_read = 0
-        self.empty_side = 0
-        self.too_long_for_record = 0
-        self.source_tokens = 0
-        self.target_tokens = 0
-        # Lengths count EOS (BOS on the target input side): len(ids) + 1.
-        self.source_lengths = np.zeros(1, np.int64)
-        self.target_lengths = np.zeros(1, np.int64)
-        # By pair length max(source, target): pairs and target tokens.
-        self.pair_lengths = np.zeros(1, np.int64)
-        self.pair_target_tokens = np.zeros(1, np.int64)
-
-    @staticmethod
-    def _add(total, values, weights=None):
-        counts = np.bincount(values, weights=weights).astype(np.int64)
-        if len(counts) > len(total):
-            total = np.concatenate([total, np.zeros(len(counts) - len(total), np.int64)])
-        total[:len(counts)] += counts
-        return total
-
-    def add(self, source_lengths, target_lengths):
-        source_lengths = np.asarray(source_lengths, np.int64)
-        target_lengths = np.asarray(target_lengths, np.int64)
-        pair = np.maximum(source_lengths, target_lengths)
-        self.source_tokens += int(source_lengths.sum())
-        self.target_tokens += int(target_lengths.sum())
-        self.source_lengths = self._add(self.source_lengths, source_lengths)
-        self.target_lengths = self._add(self.target_lengths, target_lengths)
-        self.pair_lengths = self._add(self.pair_lengths, pair)
-        self.pair_target_tokens = self._add(self.pair_target_tokens, pair, target_lengths)
-
-    def to_dict(self, max_length):
-        pairs = int(self.pair_lengths.sum())
-        stats = {
-            "pairs_read": self.pairs_read, "pairs": pairs,
-            "dropped": {"empty_side": self.empty_side,
-                        "side_over_65535_subwords": self.too_long_for_record},
-            "source_tokens": self.source_tokens, "target_tokens": self.target_tokens,
-            "lengths": {"source": _histogram_dict(self.source_lengths),
-                        "target": _histogram_dict(self.target_lengths),
-                        "pair": _histogram_dict(self.pair_lengths),
-                        "pair_target_tokens": _histogram_dict(self.pair_target_tokens)},
-        }
-        if max_length:
-            stats["length_policy"] = dict(max_length=max_length, **dataclasses.asdict(
-                length_policy_counts(stats, max_length)))
-        return stats
 
 
 def length_policy_counts(split_stats, max_length):
@@ -237,359 +74,11 @@ def length_policy_counts(split_stats, max_length):
         target_tokens=int(split_stats["target_tokens"]))
 
 
-# --- writing -------------------------------------------------------------------------
-
-
-def _peak_rss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _iter_pairs(value, what):
-    """`(line_number, source, target)` of text files or of a Dataset of string pairs.
-
-    `value` may also be a function returning the Dataset (e.g. `lambda:
-    load_wmt14("train")`), called only when the split is read.
-    """
-    if isinstance(value, (tuple, list)):
-        yield from iter_parallel_lines(*value)
-        return
-    if callable(value) and not hasattr(value, "as_numpy_iterator"):
-        value = value()
-    for number, (source, target) in enumerate(value.as_numpy_iterator(), start=1):
-        yield number, source.decode("utf-8"), target.decode("utf-8")
-
-
-def _chunks(iterable, size):
-    chunk = []
-    for item in iterable:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-class _Encoder:
-    """Text pairs to record payloads, with the split's statistics."""
-
-    def __init__(self, processor, dtype):
-        self.processor = processor
-        self.typecode = "H" if dtype == "uint16" else "i"
-        self.threads = os.cpu_count() or 1
-
-    def encode(self, chunk, stats):
-        """Record payloads of the kept pairs of `chunk` (a list of (n, src, tgt))."""
-        stats.pairs_read += len(chunk)
-        kept = [(s, t) for _, s, t in chunk if s.strip() and t.strip()]
-        stats.empty_side += len(chunk) - len(kept)
-        if not kept:
-            return []
-        sources = self.processor.encode([s for s, _ in kept], num_threads=self.threads)
-        targets = self.processor.encode([t for _, t in kept], num_threads=self.threads)
-        return record_payloads(sources, targets, self.typecode, stats)
-
-
-def record_payloads(sources, targets, typecode, stats):
-    """Record payloads of encoded pairs (the module docstring's layout), counted in `stats`.
-
-    Args:
-        sources, targets: aligned lists of subword-id lists.
-        typecode: `array` typecode of the ids, `"H"` (uint16) or `"i"` (int32).
-        stats: the split's `_SplitStats`; pairs with a side over 65,535
-            subwords are dropped and counted there.
-    """
-    payloads, source_lengths, target_lengths = [], [], []
-    for source, target in zip(sources, targets):
-        if len(source) > _MAX_UINT16_LENGTH or len(target) > _MAX_UINT16_LENGTH:
-            stats.too_long_for_record += 1
-            continue
-        record = array.array(typecode, [len(source)])
-        record.extend(source)
-        record.extend(target)
-        payloads.append(record.tobytes())
-        source_lengths.append(len(source) + 1)
-        target_lengths.append(len(target) + 1)
-    stats.add(source_lengths, target_lengths)
-    return payloads
-
-
-def _write_shard(path, payloads):
-    import tensorflow as tf
-
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for payload in payloads:
-            writer.write(payload)
-    return {"file": path.name, "pairs": len(payloads), "bytes": path.stat().st_size,
-            "sha256": file_sha256(path)}
-
-
-def _shard_name(split, index, count):
-    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
-
-
-def _encode_train(pairs, encoder, folder, num_shards, seed, stats):
-    """Encodes the training pairs into `num_shards` shuffled shards."""
-    rng = np.random.default_rng(seed)
-    parts = [open(folder / f".part-{i:05d}", "wb") for i in range(num_shards)]
-    try:
-        for chunk in _chunks(pairs, ENCODE_CHUNK):
-            payloads = encoder.encode(chunk, stats)
-            for payload, shard in zip(payloads, rng.integers(num_shards, size=len(payloads))):
-                parts[shard].write(struct.pack("<I", len(payload)))
-                parts[shard].write(payload)
-    finally:
-        for part in parts:
-            part.close()
-    shards = []
-    for index in range(num_shards):
-        part = folder / f".part-{index:05d}"
-        data = part.read_bytes()
-        payloads, offset = [], 0
-        while offset < len(data):
-            (size,) = struct.unpack_from("<I", data, offset)
-            payloads.append(data[offset + 4: offset + 4 + size])
-            offset += 4 + size
-        del data
-        rng.shuffle(payloads)
-        shards.append(_write_shard(folder / _shard_name("train", index, num_shards), payloads))
-        part.unlink()
-    return shards
-
-
-def _default_num_shards(train):
-    if isinstance(train, (tuple, list)):
-        size = sum(pathlib.Path(p).stat().st_size for p in train)
-        return max(1, min(MAX_SHARDS, -(-size // BYTES_PER_SHARD)))
-    return 64  # a tf.data corpus (WMT14: 4.5M pairs, about 70,000 per shard)
-
-
-def prepare(inputs, output_dir, *, vocab_size, tokenizer_file=None, num_shards=None,
-            seed=0, tokenizer_sample=TOKENIZER_SAMPLE, max_length=None):
-    """Prepares a corpus into `output_dir` (replacing what is there); see the module docstring.
-
-    Args:
-        inputs: a `CorpusInputs`.
-        output_dir: the prepared folder.
-        vocab_size: the shared vocabulary's size.
-        tokenizer_file: encode with this SentencePiece model instead of
-            training one (fine-tuning keeps the vocabulary of its weights).
-        num_shards: training shards; default about one per 32 MiB of text.
-        seed: seed of the tokenizer sample and of the shard order.
-        tokenizer_sample: sentences sampled to train the tokenizer.
-        max_length: also report the length policy for this `max_length`
-            (any other is computed from the histograms).
-
-    Returns:
-        The `PreparedCorpus`.
-    """
-    import sentencepiece
-
-    start = time.time()
-    output_dir = pathlib.Path(output_dir)
-    # A staging folder beside the result; one a killed `prepare` left is
-    # removed by the next one (`files.staging_dir`).
-    with staging_dir(output_dir.parent, output_dir.name) as staging:
-        partial = staging / "corpus"
-        partial.mkdir()
-        spm_file = partial / TOKENIZER_FILE
-        tokenizer = _vocabulary(inputs, spm_file, vocab_size=vocab_size,
-                                tokenizer_file=tokenizer_file, seed=seed,
-                                tokenizer_sample=tokenizer_sample)
-        processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_proto)
-        dtype = "uint16" if tokenizer.vocabulary_size() <= 2**16 else "int32"
-        splits, text = _encode_splits(inputs, _Encoder(processor, dtype), partial,
-                                      num_shards=num_shards, seed=seed, max_length=max_length)
-        manifest = {
-            "format": FORMAT,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"),
-            "name": inputs.name,
-            "inputs": {"files": {split: [describe_file(p) for p in pair]
-                                 for split, pair in inputs.files().items()},
-                       "key": inputs.key},
-            "vocab_size": vocab_size,
-            "tokenizer": {"file": TOKENIZER_FILE, "sha256": file_sha256(spm_file),
-                          "vocabulary_size": tokenizer.vocabulary_size(),
-                          "given": str(tokenizer_file) if tokenizer_file else None,
-                          "sample_sentences": None if tokenizer_file else tokenizer_sample},
-            "record": {"dtype": dtype, "layout": "[len(source), source ids..., target "
-                       "ids...], subword ids without BOS/EOS, little-endian"},
-            "seed": seed,
-            "splits": splits,
-            "text": text,
-            "prepare_seconds": round(time.time() - start, 1),
-            "prepare_peak_rss_mib": round(_peak_rss_mib()),
-        }
-        (partial / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
-        if output_dir.exists():
-            logger.info(f"Replacing the previous preparation in {output_dir}")
-            shutil.rmtree(output_dir)
-        partial.rename(output_dir)
-    corpus = PreparedCorpus(output_dir)
-    logger.info(f"Prepared {output_dir} in {time.time() - start:.0f} s: {corpus.summary()}")
-    return corpus
-
-
-def _vocabulary(inputs, spm_file, *, vocab_size, tokenizer_file, seed, tokenizer_sample):
-    """`prepare`'s shared vocabulary in `spm_file`: `tokenizer_file` copied, or trained.
-
-    Returns:
-        The `Tokenizer`.
-    """
-    from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
-
-    if tokenizer_file is not None:
-        shutil.copyfile(tokenizer_file, spm_file)
-        logger.info(f"Encoding with the given vocabulary {tokenizer_file}")
-        return Tokenizer.load(spm_file)
-    start = time.time()
-    failures = []
-
-    def sentences():
-        # SentencePiece turns an exception of its input iterator into a
-        # multi-line RuntimeError: keep ours, stop, raise it after.
-        try:
-            for _, source, target in _iter_pairs(inputs.train, "train"):
-                for text in (source, target):
-                    if text.strip():
-                        yield text
-        except CorpusError as error:
-            failures.append(error)
-
-    try:
-        tokenizer = train_tokenizer(
-            [p for p in inputs.files().get("train", ())], vocab_size, spm_file,
-            max_sentences=tokenizer_sample, seed=seed, sentences=sentences())
-    except ValueError as error:
-        if failures:
-            raise failures[0] from None
-        raise PreparedCorpusError(f"--vocab-size {vocab_size}: {error}") from None
-    if failures:
-        raise failures[0]
-    logger.info(f"Trained the shared vocabulary ({tokenizer.vocabulary_size()} ids) "
-                f"on a sample of at most {tokenizer_sample:,} sentences in "
-                f"{time.time() - start:.0f} s")
-    return tokenizer
-
-
-def _encode_splits(inputs, encoder, partial, *, num_shards, seed, max_length):
-    """`prepare`'s shards (training, validation) and the text files kept for BLEU.
-
-    Returns:
-        `(splits, text)`: the manifest's `splits` and `text` entries.
-    """
-    splits, text = {}, {}
-    start = time.time()
-    train_stats = _SplitStats()
-    num_shards = num_shards or _default_num_shards(inputs.train)
-    shards = _encode_train(_iter_pairs(inputs.train, "train"), encoder, partial,
-                           num_shards, seed, train_stats)
-    splits["train"] = {**train_stats.to_dict(max_length), "shards": shards}
-    if splits["train"]["pairs"] == 0:
-        raise PreparedCorpusError("the training split has no pair with two non-empty sides")
-    logger.info(f"Encoded {splits['train']['pairs']:,} training pairs into "
-                f"{num_shards} shard(s) in {time.time() - start:.0f} s")
-    if inputs.valid is not None:
-        valid_stats = _SplitStats()
-        payloads = [p for chunk in _chunks(_iter_pairs(inputs.valid, "valid"), ENCODE_CHUNK)
-                    for p in encoder.encode(chunk, valid_stats)]
-        shard = _write_shard(partial / _shard_name("valid", 0, 1), payloads)
-        splits["valid"] = {**valid_stats.to_dict(max_length), "shards": [shard]}
-    for split in ("valid", "test"):
-        value = getattr(inputs, split)
-        if isinstance(value, (tuple, list)):
-            text[split] = [str(pathlib.Path(p).resolve()) for p in value]
-        elif value is not None:  # a Dataset: keep its (small) text for BLEU
-            from keras_transformer.data.readers import write_parallel_text
-
-            (partial / TEXT_DIR).mkdir(exist_ok=True)
-            names = [f"{TEXT_DIR}/{split}.en", f"{TEXT_DIR}/{split}.de"]
-            write_parallel_text(((s, t) for _, s, t in _iter_pairs(value, split)),
-                                *(partial / n for n in names))
-            text[split] = names
-    return splits, text
-
-
-def stale_reason(output_dir, inputs, *, vocab_size, tokenizer_file=None):
-    """Why `output_dir` is not a current preparation of `inputs`, or `None` if it is."""
-    output_dir = pathlib.Path(output_dir)
-    manifest_path = output_dir / MANIFEST_FILE
-    if not manifest_path.is_file():
-        return "not prepared yet"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as error:
-        return f"its {MANIFEST_FILE} is unreadable ({error})"
-    if manifest.get("format") != FORMAT:
-        return f"it has format {manifest.get('format')!r}, this version writes {FORMAT!r}"
-    if tokenizer_file is None and manifest.get("vocab_size") != vocab_size:
-        return (f"it was prepared with vocabulary size {manifest.get('vocab_size')}, "
-                f"now {vocab_size} is asked for")
-    if tokenizer_file is not None and (manifest["tokenizer"]["sha256"]
-                                       != file_sha256(tokenizer_file)):
-        return f"it was encoded with another vocabulary than {tokenizer_file}"
-    recorded = manifest["inputs"]["files"]
-    files = {split: [str(p) for p in pair] for split, pair in inputs.files().items()}
-    if set(recorded) != set(files):
-        return f"its splits {sorted(recorded)} differ from the input's {sorted(files)}"
-    for split, pair in inputs.files().items():
-        for info, path in zip(recorded[split], pair):
-            if not _same_file(info, path):
-                return f"{path} changed since it was prepared"
-    if (manifest["inputs"].get("key") or None) != (inputs.key or None):
-        return f"it was prepared from {manifest['inputs'].get('key')}, not {inputs.key}"
-    return None
-
-
-def default_directory(root, inputs, vocab_size, tokenizer_file=None):
-    """`<root>/<corpus>_v<vocab_size>`, or `<root>/<corpus>_spm-<hash>` for a given vocabulary.
-
-    Where `train --data` and `prepare` put a preparation unless told.
-    """
-    root = pathlib.Path(root)
-    if tokenizer_file is not None:
-        return root / f"{inputs.name}_spm-{file_sha256(tokenizer_file)[:10]}"
-    return root / f"{inputs.name}_v{vocab_size}"
-
-
-def ensure_prepared(inputs, output_dir, *, vocab_size, tokenizer_file=None, verify=False,
-                    **options):
-    """The `PreparedCorpus` of `inputs` in `output_dir`, prepared (again) only when needed.
-
-    A preparation is reused when its inputs are unchanged (same paths and
-    contents) and it has the vocabulary asked for; otherwise it is prepared
-    again and the log says why. Two processes never prepare the same folder
-    at once (a lock file beside it). The corpus's `reused` attribute says
-    which happened; `verify=True` checks a reused one's shards by sha256.
-    """
-    output_dir = pathlib.Path(output_dir)
-    # So that two processes never prepare the same folder at once.
-    with file_lock(output_dir.parent / f".{output_dir.name}.lock",
-                   waiting=f"Waiting for another process preparing {output_dir} ..."):
-        reason = stale_reason(output_dir, inputs, vocab_size=vocab_size,
-                              tokenizer_file=tokenizer_file)
-        shards = options.get("num_shards")
-        if reason is None and shards and shards != len(
-                PreparedCorpus(output_dir).split("train")["shards"]):
-            reason = f"{shards} shards are asked for"
-        if reason is None:
-            corpus = PreparedCorpus(output_dir)
-            corpus.check(deep=verify)
-            logger.info(f"Using the prepared corpus {output_dir}: {corpus.summary()}")
-            corpus.reused = True
-            return corpus
-        logger.info(f"Preparing {inputs.name} into {output_dir} ({reason})")
-        corpus = prepare(inputs, output_dir, vocab_size=vocab_size,
-                         tokenizer_file=tokenizer_file, **options)
-        corpus.reused = False
-        return corpus
-
-
 # --- reading -------------------------------------------------------------------------
 
 
 def is_prepared(directory):
+    """Whether `directory` holds a complete preparation (its manifest is written last)."""
     return (pathlib.Path(directory) / MANIFEST_FILE).is_file()
 
 
@@ -756,5 +245,5 @@ class PreparedCorpus:
             num_replicas=num_replicas, window_size=window_size, boundaries=boundaries)
 
 
-__all__ = ["CorpusInputs", "PreparedCorpus", "PreparedCorpusError", "ensure_prepared",
-           "default_directory", "is_prepared", "length_policy_counts", "prepare", "stale_reason", "text_inputs"]
+__all__ = ["FORMAT", "MANIFEST_FILE", "PreparedCorpus", "PreparedCorpusError", "is_prepared",
+           "length_policy_counts"]

@@ -60,17 +60,6 @@ class ParallelText:
     def __iter__(self):
         return zip(self.source, self.target)
 
-    @property
-    def num_dropped(self):
-        """Number of pairs dropped because a side was empty."""
-        return len(self.dropped_lines)
-
-    def as_dataset(self):
-        """The pairs as a `tf.data.Dataset` of `(source, target)` scalar strings."""
-        return tf.data.Dataset.from_tensor_slices(
-            (tf.constant(self.source, tf.string), tf.constant(self.target, tf.string))
-        )
-
 
 def _open_binary(path):
     with open(path, "rb") as f:
@@ -279,7 +268,7 @@ def load_wmt14(split, *, data_dir=None, download=True, timeout=5.0):
 
     Returns:
         A `tf.data.Dataset` of `(english, german)` scalar `tf.string` pairs,
-        which a preparation accepts (`prepared.CorpusInputs`).
+        which a preparation accepts (`preparation.CorpusInputs`).
 
     Raises:
         RuntimeError: the data is missing and cannot be downloaded.

@@ -22,10 +22,12 @@ preparation:
 
 Epoch `e` of the training stream reads view `e mod views`
 (`streaming.stream_batches`). Each shard is read and decoded once; each view of
-it is encoded on one core (Multi30k: about 2 s a view; a WMT14-size corpus,
-9M sentences: 6.4 minutes a view, measured by `examples/benchmark_data.py`;
-write a few views of a corpus that large). Views stream from disk like the shards, at any corpus
-size, and take `views` times the training shards' space. The folder is removed with the preparation it belongs to.
+it is encoded on one core, so the time to write grows with `views` times the
+corpus (`examples/benchmark_data.py` measures it; the figures, and why a
+WMT14-size corpus takes a few views, are in docs/results.md). Views stream
+from disk like the shards, at any corpus size, and take `views` times the
+training shards' space. The folder is removed with the preparation it
+belongs to.
 """
 
 import array
@@ -36,8 +38,9 @@ import time
 
 import numpy as np
 
-from keras_transformer.data import prepared
-from keras_transformer.files import file_lock, staging_dir
+from keras_transformer.data.prepared import PreparedCorpusError
+from keras_transformer.data.records import SplitStats, record_payloads, write_shard
+from keras_transformer.files import file_lock, replace_with_staged, staging_dir
 
 logger = logging.getLogger("keras_transformer")
 
@@ -131,7 +134,7 @@ def _sample_shard(texts, processor, alpha, typecode, stats, sides="both"):
     sources = processor.encode(texts[0], **options)
     targets = processor.encode(texts[1], **(options if sides == "both" else {}))
     stats.pairs_read += len(sources)
-    return prepared.record_payloads(sources, targets, typecode, stats)
+    return record_payloads(sources, targets, typecode, stats)
 
 
 def _write_views(corpus, folder, *, alpha, views, seed, sides):
@@ -141,7 +144,7 @@ def _write_views(corpus, folder, *, alpha, views, seed, sides):
     processor = sentencepiece.SentencePieceProcessor(model_file=str(corpus.tokenizer_file))
     typecode = "H" if corpus.manifest["record"]["dtype"] == "uint16" else "i"
     base = corpus.shard_paths("train")
-    stats = [prepared._SplitStats() for _ in range(views)]
+    stats = [SplitStats() for _ in range(views)]
     shards = [[] for _ in range(views)]
     for index, path in enumerate(base):
         texts = _read_texts(path, processor, typecode)
@@ -152,7 +155,7 @@ def _write_views(corpus, folder, *, alpha, views, seed, sides):
                 np.random.SeedSequence([seed, view, index]).generate_state(1)[0]))
             payloads = _sample_shard(texts, processor, alpha, typecode, stats[view], sides)
             name = f"train-v{view:03d}-{index:05d}-of-{len(base):05d}.tfrecord"
-            shards[view].append(prepared._write_shard(folder / name, payloads))
+            shards[view].append(write_shard(folder / name, payloads))
     return [{**stat.to_dict(None), "shards": shard} for stat, shard in zip(stats, shards)]
 
 
@@ -167,7 +170,7 @@ def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0, sides="both"):
         sides: `"both"` samples source and target, `"source"` the source only.
 
     Raises:
-        prepared.PreparedCorpusError: the views cannot be written there.
+        PreparedCorpusError: the views cannot be written there.
     """
     check_alpha(alpha)
     if not isinstance(views, int) or isinstance(views, bool) or views < 1:
@@ -199,13 +202,9 @@ def ensure_sampled(corpus, *, alpha, views=DEFAULT_VIEWS, seed=0, sides="both"):
                     "views": written, "seconds": round(time.time() - start, 1),
                 }
                 (partial / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
-                if directory.exists():
-                    import shutil
-
-                    shutil.rmtree(directory)
-                partial.rename(directory)
+                replace_with_staged(partial, directory)
     except OSError as error:
-        raise prepared.PreparedCorpusError(
+        raise PreparedCorpusError(
             f"cannot write the sampled segmentations into {corpus.directory} ({error}); "
             "prepare the corpus into a writable folder (--prepared-dir)") from None
     views_ = SampledViews(directory)

@@ -2,12 +2,13 @@
 
 The paper batches sentence pairs "by approximate sequence length", each batch
 holding about 25,000 source and 25,000 target tokens (section 5.1). Grouping
-pairs into buckets one pair at a time (`tf.data`'s `group_by_window`) costs
-several microseconds per pair: about 15,000 pairs/s on 2 cores, far below
-what an accelerator consumes. Here the batches (the fixed buckets of
-`bucket_boundaries`, `tokens_per_batch // bound` pairs per batch, so at most
-`len(boundaries)` shapes) are made with a few vectorized ops per *window* of
-thousands of pairs:
+pairs into buckets one pair at a time (`tf.data`'s `group_by_window`) does
+the work of the tf.data runtime once per pair, too slow to feed an
+accelerator. Here the batches (the fixed buckets of `bucket_boundaries`,
+`tokens_per_batch // bound` pairs per batch, so at most `len(boundaries)`
+shapes) are made with a few vectorized ops per *window* of thousands of
+pairs (the pipeline's throughput is in docs/results.md, "Paper-scale data
+path"):
 
 1. one epoch at a time: read the shards interleaved (`cycle_length` at a
    time, in an order shuffled per epoch), shuffle the serialized records in
@@ -148,12 +149,11 @@ class LengthPolicyCounts:
 def default_window_parallelism():
     """Windows decoded at once: one per 8 CPU cores, at least one.
 
-    Not `tf.data.AUTOTUNE`: on a 2-core machine autotuning raised the
-    parallelism while the training step needed the same cores, which made
-    training about 15% slower and left windows in flight that `fit` then
-    waited for when it ended (51 s after 300 updates of `tiny`, measured;
-    none with one window at a time). One window at a time already delivers
-    about 6-9M target tokens/s on 2 cores (docs/results.md).
+    Not `tf.data.AUTOTUNE`: on a machine of few cores autotuning raises the
+    parallelism while the training step needs the same cores, which slows
+    training and leaves windows in flight that `fit` then waits for when it
+    ends. One window at a time already delivers far more target tokens per
+    second than a step consumes (docs/results.md, "Paper-scale data path").
     """
     return max(1, (os.cpu_count() or 1) // 8)
 
@@ -356,7 +356,7 @@ def stream_batches(shard_paths, *, dtype, tokens_per_batch, max_length, training
     started at `(0, 0)`, batch for batch.
 
     Args:
-        shard_paths: TFRecord files written by `prepared.prepare`, or a list
+        shard_paths: TFRecord files written by `preparation.prepare`, or a list
             of views, each such a list (as many shards in each).
         dtype: the records' id type (`"uint16"` or `"int32"`, the manifest's).
         tokens_per_batch: token slots per batch and side (global over replicas).

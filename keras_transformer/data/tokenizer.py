@@ -252,10 +252,6 @@ class Tokenizer(tf.Module):
             )
         return self._processor.IdToPiece(int(token_id))
 
-    def token_to_id(self, token):
-        """The id of one subword piece (`unk_id` if it is not in the vocabulary)."""
-        return self._processor.PieceToId(token)
-
     # --- graph ops ---------------------------------------------------------------
 
     def tokenize(self, text):

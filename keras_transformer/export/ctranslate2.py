@@ -47,9 +47,7 @@ PosixPath('saved_models/demo_tiny-ct2-int8')
 """
 
 import json
-import os
 import pathlib
-import shutil
 
 import numpy as np
 
@@ -57,7 +55,7 @@ from keras_transformer import names
 from keras_transformer.model.config import DecodingOptions
 from keras_transformer.export.ctranslate2_runtime import (INFO_FILE, TOKENIZER_FILE,
                                                    require_ctranslate2)
-from keras_transformer.files import staging_dir
+from keras_transformer.files import replace_with_staged, staging_dir
 
 DEFAULT_BASE = names.EXPORT_ROOT
 FOLDER_SUFFIX = "-ct2"
@@ -71,12 +69,13 @@ _DECODING = DecodingOptions()
 EXTRA_POSITIONS = _DECODING.max_extra_length
 
 __all__ = [
-    "QUANTIZATIONS", "default_output_dir", "export_ctranslate2", "export_ctranslate2_from_run",
+    "QUANTIZATIONS", "default_ctranslate2_dir", "export_ctranslate2",
+    "export_ctranslate2_from_run",
 ]
 
 
-def default_output_dir(export_dir, model_name, quantization=None):
-    """`<export_dir>/<model_name>-ct2[-<quantization>]`, the command's default folder."""
+def default_ctranslate2_dir(export_dir, model_name, quantization=None):
+    """`<export_dir>/<model_name>-ct2[-<quantization>]`: a CTranslate2 export's default folder."""
     suffix = FOLDER_SUFFIX + (f"-{quantization}" if quantization else "")
     return pathlib.Path(export_dir) / f"{model_name}{suffix}"
 
@@ -355,9 +354,7 @@ def export_ctranslate2(model, tokenizer, output_dir, *, quantization=None, overw
             "source": source or {},
         }
         (written / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        if output_dir.exists():
-            shutil.rmtree(output_dir)
-        os.replace(written, output_dir)
+        replace_with_staged(written, output_dir)
     return output_dir
 
 
@@ -396,7 +393,7 @@ def export_ctranslate2_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=
     if model_name is None:
         model_name = run_dir.resolve().name
     if output_dir is None:
-        output_dir = default_output_dir(export_dir, model_name, quantization)
+        output_dir = default_ctranslate2_dir(export_dir, model_name, quantization)
     output_dir = pathlib.Path(output_dir)
     if output_dir.exists() and not overwrite:  # before loading anything
         raise FileExistsError(f"{output_dir} already exists; pass --overwrite to replace it")

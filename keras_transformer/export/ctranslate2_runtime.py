@@ -27,10 +27,11 @@ Decoding differences with `keras_transformer.inference.decoding` at the same bea
   GNMT's penalty, as ours does. What stays different is when a sentence
   stops: CTranslate2 once `beam_size` hypotheses have finished
   (`patience=1`), ours once no alive hypothesis can still beat the best
-  finished one (on the Multi30k test set with a trained `small` model:
-  99.2% of the outputs identical to ours, against 95.5% with CTranslate2's
-  own normalisation at `length_penalty=alpha`). `length_penalty=` selects
-  CTranslate2's own normalisation instead. Its length limit is one per
+  finished one, so a few outputs differ from ours (fewer than with
+  CTranslate2's own normalisation at `length_penalty=alpha`;
+  `examples/compare_inference.py` measures the share of identical outputs,
+  docs/results.md holds it). `length_penalty=` selects CTranslate2's own
+  normalisation instead. Its length limit is one per
   batch (`max_decoding_length`), so `CTranslate2Translator` decodes up to
   the batch's longest limit and cuts each output to its own: exact for
   greedy decoding, while a beam that ours would have ended at the limit may
@@ -98,7 +99,14 @@ class CTranslate2Translator(TranslatorShell):
         model_dir: a folder written by `export_ctranslate2`.
         device: `"cpu"` or `"cuda"`.
         compute_type: CTranslate2's compute type (`"default"`: the stored
-            weight type).
+            weight type). With int8 weights on a CPU, CTranslate2 picks its
+            int8 matrix product: Intel MKL's on Intel CPUs, oneDNN's
+            elsewhere. Without VNNI instructions (an AVX2-only AMD CPU)
+            oneDNN's product sums pairs of 8-bit products in saturating
+            16-bit integers, which loses accuracy; `CT2_USE_MKL=1` in the
+            environment (before the first model loads) makes CTranslate2 use
+            MKL's there too, and `compute_type="float32"` computes in float32
+            with the int8 weights dequantized.
         intra_threads: threads per translation (0: CTranslate2's default).
         inter_threads: translations run in parallel.
         batch_size: sentences per batch (`max_batch_size`).
@@ -161,26 +169,6 @@ class CTranslate2Translator(TranslatorShell):
 
     # --- decoding ------------------------------------------------------------------
 
-    def translate_ids(self, source_ids, *, beam_size=_DECODING.beam_size,
-                      alpha=_DECODING.alpha, length_penalty=None):
-        """Output ids of EOS-terminated source id lists (`Translator.encode`'s form).
-
-        Args:
-            source_ids: list of int lists, each ending with EOS.
-            beam_size: 1 is greedy decoding.
-            alpha: GNMT length-penalty strength, ours (`config.length_penalty`):
-                the finished hypotheses are ranked by
-                `log P(Y) / ((5 + |Y|) / 6) ** alpha`, `|Y|` counting EOS.
-            length_penalty: if given, CTranslate2's own normalisation instead,
-                `log P(Y) / |Y| ** length_penalty` (see the module docstring).
-
-        Returns:
-            A list of int lists: the output ids up to (not including) EOS,
-            pad and BOS dropped (`Tokenizer.output_ids`).
-        """
-        return self.tokenizer.output_ids(
-            self._translate_rows(source_ids, beam_size, alpha, length_penalty)).to_list()
-
     def _translate_rows(self, source_ids, beam_size, alpha, length_penalty):
         """Each sentence's best output ids, EOS and all, cut at its length limit."""
         if not source_ids:
@@ -211,23 +199,20 @@ class CTranslate2Translator(TranslatorShell):
 
     def translate(self, sentences, *, beam_size=_DECODING.beam_size, alpha=_DECODING.alpha,
                   length_penalty=None):
-        """Translates a list of sentences; see `translate_ids` for the arguments."""
+        """Translates a list of sentences.
+
+        Args:
+            sentences: a list of strings.
+            beam_size: 1 is greedy decoding.
+            alpha: GNMT length-penalty strength, ours (`config.length_penalty`):
+                the finished hypotheses are ranked by
+                `log P(Y) / ((5 + |Y|) / 6) ** alpha`, `|Y|` counting EOS.
+            length_penalty: if given, CTranslate2's own normalisation instead,
+                `log P(Y) / |Y| ** length_penalty` (see the module docstring).
+
+        Returns:
+            A list of strings, `""` for a blank sentence.
+        """
         translations, _ = self.translate_sentences(sentences,
                                                    (beam_size, alpha, length_penalty))
         return translations
-
-    def score_ids(self, source_ids, target_ids):
-        """Teacher-forced log-probabilities of each target id, then of EOS.
-
-        Args:
-            source_ids: EOS-terminated source id lists.
-            target_ids: target id lists without BOS or EOS.
-
-        Returns:
-            A list of float32 NumPy arrays, `len(target) + 1` values each
-            (the last is EOS's).
-        """
-        results = self.translator.score_batch(
-            self._source_pieces(source_ids), [self._pieces(t) for t in target_ids],
-            max_batch_size=self.batch_size, max_input_length=0)
-        return [np.asarray(r.log_probs, "float32") for r in results]

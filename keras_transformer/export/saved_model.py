@@ -1,56 +1,18 @@
 """Exports a `Translator` as a SavedModel that TensorFlow Serving runs as it is.
 
-TF Serving (`tensorflow_model_server`) runs no Python, so the whole
-translation is one TensorFlow graph made of core ops and TensorFlow Text's
-SentencePiece ops (which the model server links): source ids
-(`Tokenizer.encode_source`: sanitise the UTF-8 -> tokenize -> truncate and
-append EOS) -> sort by length -> cached beam search (or greedy decoding) in
-chunks of similar length -> text (`Tokenizer.decode_output`: cut at EOS ->
-detokenize). The front end is `Translator`'s: the same two graph functions of
-the tokenizer, traced into the signatures. The SavedModel has two signatures, both `text` (`tf.string`, `(batch,)`) ->
-`translation` (`tf.string`, `(batch,)`) and `score` (`float32`, `(batch,)`):
-
-- `serving_default`: beam search (the paper's beam 4, alpha 0.6 by default);
-- `translate_greedy`: greedy decoding.
-
-`score` is the length-normalised log-probability `log P(Y) / lp(Y)` of the
-output (`keras_transformer.model.config.length_penalty`, the exported `alpha`,
-EOS counted), and 0 for an empty input.
+The SavedModel holds a `TranslationModule` (`keras_transformer.export.translation_module`:
+its signatures, input handling and shapes): the whole translation in one
+TensorFlow graph of core ops and TensorFlow Text's SentencePiece ops, with
+the SentencePiece model as its asset and, in `assets.extra/`, the export's
+options (`export_options.json`) and TF Serving's warm-up requests
+(`keras_transformer.export.warmup`). The graph is checked for ops TF Serving
+cannot run (`keras_transformer.export.op_audit`) before the version is
+renamed into place.
 
 It is written in TF Serving's layout `<base>/<model_name>/<version>/`
-(`saved_model.pb`, `variables/`, `assets/spm.model`), into a hidden temporary
-folder first and renamed into place, so a model server watching `<base>`
-never loads a half-written version.
-
-Input handling, in the graph (`Tokenizer.encode_source` and `decode_output`):
-
-- Bytes that are not valid UTF-8 are replaced by U+FFFD before tokenizing
-  (`tf.strings.unicode_transcode(..., errors="replace")`); the request is
-  answered, never rejected. Outputs are valid UTF-8 as well.
-- A sentence is truncated to `max_source_length` ids, EOS included (default
-  `config.max_length`, as `Translator` does): longer inputs lose their end
-  and are still answered, in the time of a `max_source_length`-id sentence.
-- An empty or all-whitespace sentence (whitespace as Python's `str.isspace`
-  defines it, as for `Translator`) translates to `""` with score 0 without
-  decoding; a batch of zero sentences gives zero outputs.
-
-Shapes: each signature holds one traced search, with a dynamic batch size
-and source width (`keras_transformer.inference.decoding` reads sizes with `ops.shape`;
-in this plain, uncompiled TensorFlow graph they are tensors, and the
-self-attention cache grows inside the search loop). The graph sorts the
-batch by length (as `Translator` does), drops the blank sentences, and
-decodes the rest in chunks of at most `batch_size` sentences (default 32),
-each cut to the width of its longest sentence, so a short request costs what
-its own sentences cost. Padding rows and columns do not change any
-sentence's output. No static shape is needed: earlier exports
-(`export_options.json` without `format_version`) traced one search per
-(batch bucket, width bucket) pair behind a `tf.switch_case`, 12 per
-signature, and measured against this one on the quick start's model
-(`examples/benchmark_export.py`, 2 CPU cores) that was a 19x larger graph
-(32.6 against 1.7 MB), 5x the export time and 2.5x its memory, and 48.5
-against 1.7 s for loading and answering a first request in a fresh process,
-with no gain in latency (22 against 12 ms at batch 1) or throughput (169
-against 205 sentences/s at batch 32).
+(`saved_model.pb`, `variables/`, `assets/spm.model`), into a hidden staging
+folder first and renamed into place (`files.replace_with_staged`), so a
+model server watching `<base>` never loads a half-written version.
 
 Training backend: the export always runs under the TensorFlow backend. A
 model trained under JAX or PyTorch is exported from its weights, which are
@@ -59,13 +21,6 @@ another backend, save the weights, config and tokenizer to a temporary
 folder and call `export_from_run` in a subprocess with
 `KERAS_BACKEND=tensorflow` (`python -m keras_transformer.export.saved_model`, its
 arguments as JSON), which rebuilds the model under TensorFlow and exports it.
-
-The searches are traced uncompiled (no `jit_compile`), since the stock model
-server does not run XLA clusters by default; their buffer updates then use
-the core op `TensorStridedSliceUpdate` rather than the XLA-only
-`XlaDynamicUpdateSlice` (`keras_transformer.model.layers.updates.slice_update`).
-The exported graph is checked for ops TF Serving cannot run
-(`forbidden_ops`).
 
 Example:
 
@@ -83,7 +38,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,36 +45,28 @@ import tempfile
 import tensorflow as tf
 
 from keras_transformer import names
-from keras_transformer.model.config import DecodingOptions
-from keras_transformer.model.transformer import DECODING_DTYPES, QUANTIZATION_MODES, quantized, with_dtype
-from keras_transformer.files import WriteError, save_weights, staging_dir
-from keras_transformer.inference.loading import check_run, load_run, resolve_weights
-from keras_transformer.runs import RunError
+from keras_transformer.export.op_audit import forbidden_ops, saved_model_ops
+from keras_transformer.export.translation_module import (BEAM_SIGNATURE, DEFAULT_BATCH_SIZE,
+                                                         GREEDY_SIGNATURE, TranslationModule)
 from keras_transformer.export.warmup import write_warmup_requests
+from keras_transformer.files import WriteError, replace_with_staged, save_weights, staging_dir
+from keras_transformer.inference.loading import check_run, load_run, resolve_weights
+from keras_transformer.model.config import DecodingOptions
+from keras_transformer.model.transformer import (DECODING_DTYPES, QUANTIZATION_MODES, quantized,
+                                                 with_dtype)
+from keras_transformer.runs import RunError
 
 DEFAULT_BASE = names.EXPORT_ROOT
 DEFAULT_MODEL_NAME = "transformer"
 # 2: one search per signature, any batch size and width (1: one per bucket).
 EXPORT_FORMAT_VERSION = 2
-BEAM_SIGNATURE = names.BEAM_SIGNATURE
-GREEDY_SIGNATURE = names.GREEDY_SIGNATURE
-INPUT_NAME = names.INPUT_NAME
 TOKENIZER_ASSET = names.TOKENIZER_FILE
-DEFAULT_BATCH_SIZE = 32
 
-# Ops TF Serving cannot run: Python callbacks, TF Addons custom ops, and
-# XLA-only ops outside a compiled cluster.
-_FORBIDDEN_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
-_FORBIDDEN_PREFIXES = ("Addons>", "Xla", "_Xla")
-
-__all__ = [
-    "BEAM_SIGNATURE", "DEFAULT_BASE", "DEFAULT_MODEL_NAME", "GREEDY_SIGNATURE",
-    "TranslationModule", "export_from_run", "export_saved_model", "forbidden_ops",
-    "next_version", "saved_model_ops",
-]
+__all__ = ["BEAM_SIGNATURE", "DEFAULT_BASE", "DEFAULT_MODEL_NAME", "GREEDY_SIGNATURE",
+           "export_from_run", "export_saved_model", "next_version"]
 
 
-# --- helpers -----------------------------------------------------------------
+# --- version folders -------------------------------------------------------------
 
 
 def next_version(model_dir):
@@ -130,179 +76,26 @@ def next_version(model_dir):
     return max(versions, default=0) + 1
 
 
-# --- the serving module --------------------------------------------------------
+def _version_dir(export_dir, model_name, version, overwrite):
+    """`(model_dir, version, target)` of an export; `version` None is the next one.
 
-
-class _Untracked:
-    """Holds an object out of `tf.Module`'s attribute tracking."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-
-class TranslationModule(tf.Module):
-    """A `tf.Module` with the translation signatures of a model and a tokenizer.
-
-    Args:
-        model: a `keras_transformer.Transformer` built under the TensorFlow
-            backend.
-        tokenizer: a `keras_transformer.data.Tokenizer`.
-        options: the `DecodingOptions` of `serving_default` (its beam size,
-            at least 2, alpha and length limit); `translate_greedy` is the
-            same with beam size 1.
-        max_source_length: source ids kept per sentence, EOS included.
-        batch_size: sentences decoded at once; a larger request is decoded
-            in chunks of this many (longest first).
-
-    Example:
-
-    >>> module = TranslationModule(model, tokenizer, DecodingOptions(),
-    ...                            max_source_length=256)
-    >>> module.translate_beam(["Hello."])["translation"]
+    Raises:
+        ValueError: a model name that is not a plain folder name, or a version
+            that is not a positive integer.
+        FileExistsError: the version folder exists and `overwrite` is false.
     """
-
-    def __init__(self, model, tokenizer, options, *, max_source_length,
-                 batch_size=DEFAULT_BATCH_SIZE, tokenizer_file=None, name="translation"):
-        super().__init__(name=name)
-        config = model.config
-        # Not tracked as a Keras object (only its variables are saved): the
-        # SavedModel holds the translation functions, not Keras' own endpoints.
-        self._untracked = _Untracked(model)
-        self.tokenizer = tokenizer
-        # Keras variables, tracked so that the SavedModel holds them.
-        self.model_variables = list(model.variables)
-        if tokenizer_file is not None:
-            self.tokenizer_model = tf.saved_model.Asset(str(tokenizer_file))
-        self._config = config
-        self._options = options
-        self._max_source_length = max_source_length
-        self._batch_size = batch_size
-        self._output_width = self._buffer_length(max_source_length)
-        spec = [tf.TensorSpec([None], tf.string, name=INPUT_NAME)]
-        # Out of attribute tracking: saved once, as signatures (tracked
-        # tf.functions would be traced a second time by `tf.saved_model.save`).
-        self._functions = _Untracked({
-            BEAM_SIGNATURE: tf.function(lambda text: self._translate(text, options.beam_size),
-                                        input_signature=spec, autograph=False),
-            GREEDY_SIGNATURE: tf.function(lambda text: self._translate(text, 1),
-                                          input_signature=spec, autograph=False),
-        })
-
-    def signatures(self):
-        """`{name: concrete function}` of both signatures (traced on first call)."""
-        return {name: function.get_concrete_function()
-                for name, function in self._functions.value.items()}
-
-    def translate_beam(self, text):
-        """Beam search: `(batch,)` strings -> dict of `translation` and `score`."""
-        return self.signatures()[BEAM_SIGNATURE](text=tf.convert_to_tensor(text, tf.string))
-
-    def translate_greedy(self, text):
-        """Greedy decoding: `(batch,)` strings -> dict of `translation` and `score`."""
-        return self.signatures()[GREEDY_SIGNATURE](text=tf.convert_to_tensor(text, tf.string))
-
-    def _buffer_length(self, width):
-        length = width + self._options.max_extra_length
-        if self._config.position_embedding == "learned":
-            length = min(length, self._config.max_length)
-        return max(length, 1)
-
-    # --- pieces of the graph ---------------------------------------------------
-
-    def _encode(self, text):
-        """Strings -> int32 `(batch, max_source_length)` ids (pad-filled) and their lengths.
-
-        `Tokenizer.encode_source`, as `Translator` encodes: a blank sentence
-        has length 0.
-        """
-        ids = self.tokenizer.encode_source(text, self._max_source_length)
-        lengths = tf.cast(ids.row_lengths(), tf.int32)
-        ids = ids.to_tensor(default_value=self._config.pad_id,
-                            shape=[None, self._max_source_length])
-        return ids, lengths
-
-    def _search(self, source_ids, beam_size):
-        """int32 (b, w) ids, both sizes dynamic -> (b, output width) tokens, (b,) scores."""
-        from keras_transformer.inference.decoding import decode
-
-        options = self._options.replace(beam_size=beam_size)
-        tokens, scores = decode(self._untracked.value, source_ids, options, jit_compile=False)
-        tokens = tf.convert_to_tensor(tokens)
-        pad = self._output_width - tf.shape(tokens)[1]
-        tokens = tf.pad(tokens, [[0, 0], [0, pad]], constant_values=self._config.pad_id)
-        return tf.ensure_shape(tokens, [None, self._output_width]), tf.convert_to_tensor(scores)
-
-    def _translate(self, text, beam_size):
-        config = self._config
-        text = tf.convert_to_tensor(text, tf.string)
-        ids, lengths = self._encode(text)
-        count = tf.shape(text)[0]
-        # Longest first (stable), as Translator does: chunks of similar length.
-        # Blank rows (length 0) come last and are not decoded.
-        order = tf.argsort(-lengths, stable=True)
-        ids, lengths_sorted = tf.gather(ids, order), tf.gather(lengths, order)
-        todo = tf.reduce_sum(tf.cast(lengths > 0, tf.int32))
-        chunk = self._batch_size
-        num_chunks = (todo + chunk - 1) // chunk
-        output_width = self._output_width
-
-        def body(i, all_tokens, all_scores):
-            start = i * chunk
-            end = tf.minimum(start + chunk, todo)
-            # The chunk cut to its longest sentence: one search, any shape.
-            tokens, scores = self._search(ids[start:end, :lengths_sorted[start]], beam_size)
-            return (i + 1, tf.concat([all_tokens, tokens], 0),
-                    tf.concat([all_scores, scores], 0))
-
-        _, tokens, scores = tf.while_loop(
-            lambda i, *_: i < num_chunks, body,
-            (tf.constant(0), tf.zeros([0, output_width], tf.int32), tf.zeros([0], tf.float32)),
-            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None, output_width]),
-                              tf.TensorShape([None])))
-        tokens = tf.concat([tokens, tf.fill([count - todo, output_width], config.pad_id)], 0)
-        scores = tf.concat([scores, tf.zeros([count - todo], tf.float32)], 0)
-        inverse = tf.math.invert_permutation(order)
-        tokens, scores = tf.gather(tokens, inverse), tf.gather(scores, inverse)
-
-        # As Translator answers: cut at EOS, pad/BOS dropped, detokenized, valid
-        # UTF-8 (a blank sentence's all-pad row gives "").
-        translation = self.tokenizer.decode_output(tokens)
-        return {"translation": tf.ensure_shape(translation, [None]),
-                "score": tf.ensure_shape(tf.cast(scores, tf.float32), [None])}
-
-
-# --- op lists ------------------------------------------------------------------
-
-
-def saved_model_ops(export_dir):
-    """The set of op types in a SavedModel's graphs and function library.
-
-    Args:
-        export_dir: a SavedModel directory (with `saved_model.pb`).
-
-    Returns:
-        A sorted list of op type names.
-    """
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    path = pathlib.Path(export_dir) / "saved_model.pb"
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString(path.read_bytes())
-    ops = set()
-    for meta_graph in proto.meta_graphs:
-        graph = meta_graph.graph_def
-        ops.update(node.op for node in graph.node)
-        for function in graph.library.function:
-            ops.update(node.op for node in function.node_def)
-    return sorted(ops)
-
-
-
-def forbidden_ops(ops):
-    """The ops among `ops` that TF Serving cannot run (PyFunc, Addons, XLA-only)."""
-    return sorted(op for op in ops
-                  if op in _FORBIDDEN_OPS or op.startswith(_FORBIDDEN_PREFIXES))
+    if not model_name or "/" in model_name or model_name in (".", ".."):
+        raise ValueError(f"model_name must be a plain folder name, received {model_name!r}")
+    model_dir = pathlib.Path(export_dir) / model_name
+    if version is None:
+        version = next_version(model_dir)
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"version must be a positive integer, received {version!r}")
+    target = model_dir / str(version)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass another version, or "
+                              "overwrite=True (--overwrite) to replace it")
+    return model_dir, version, target
 
 
 # --- export ----------------------------------------------------------------------
@@ -335,21 +128,6 @@ def _resolve_options(config, decoding, max_source_length, batch_size, quantize, 
                 max_extra_length=decoding.max_extra_length,
                 max_source_length=max_source_length, batch_size=batch_size,
                 quantize=quantize, dtype=dtype)
-
-
-def _version_dir(export_dir, model_name, version, overwrite):
-    if not model_name or "/" in model_name or model_name in (".", ".."):
-        raise ValueError(f"model_name must be a plain folder name, received {model_name!r}")
-    model_dir = pathlib.Path(export_dir) / model_name
-    if version is None:
-        version = next_version(model_dir)
-    if not isinstance(version, int) or version < 1:
-        raise ValueError(f"version must be a positive integer, received {version!r}")
-    target = model_dir / str(version)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} already exists; pass another version, or "
-                              "overwrite=True (--overwrite) to replace it")
-    return model_dir, version, target
 
 
 def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
@@ -440,11 +218,10 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
                            model_dtype, quantize, already, model_name)
     except (OSError, tf.errors.OpError) as error:
         # A full disk, a lost mount: one line naming the export; the staging
-        # folder is gone, so no half-written version is left.
-        if isinstance(error, WriteError):
-            raise
-        raise WriteError(target, _as_os_error(error), f"writing the SavedModel {target}") \
-            from error
+        # folder is gone, so no half-written version is left. A file of the
+        # staging folder that failed (the warm-up requests) is the export's.
+        cause = _as_os_error(error.error if isinstance(error, WriteError) else error)
+        raise WriteError(target, cause, f"writing the SavedModel {target}") from error
     if verbose:
         weights = quantize or already or (dtype if dtype != "float32" else None)
         weights = f", {weights} weights" if weights else ""
@@ -507,9 +284,7 @@ def _write_version(staging, target, model, tokenizer, decoding, options, dtype, 
     # TF Serving replays these requests when it loads the version: a few
     # lengths per signature at batch 1 and at batch_size.
     write_warmup_requests(out, model_name=model_name)
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(out, target)
+    replace_with_staged(out, target)
 
 
 def _as_os_error(error):

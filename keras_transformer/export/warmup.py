@@ -4,9 +4,9 @@ TF Serving replays `<version>/assets.extra/tf_serving_warmup_requests`, a
 TFRecord file of `tensorflow.serving.PredictionLog` protos, when it loads a
 version, before the version takes traffic. Without it the first request of
 each signature pays the one-time instantiation and optimisation of the
-signature's graph (1-1.5 s on 2 CPU cores for the quick start's model and
-for a Multi30k `small` model), and the first requests of a new size pay their first allocations
-and oneDNN kernel creation (in the noise on CPU). Each signature of the
+signature's graph (seconds on CPU; the figures are in docs/serving.md,
+"Warm-up requests"), and the first requests of a new size pay their first
+allocations and oneDNN kernel creation. Each signature of the
 export holds one search that takes any batch size and source width, so
 `write_warmup_requests` writes, per signature, a few source lengths (8, 16
 and 32 ids by default, capped at `max_source_length`) at batch 1 and at the
@@ -24,7 +24,9 @@ one-time cost above, plus one decode per request. `batch_sizes` and
 `lengths` choose them; TF Serving reads at most 1000 warm-up records, and a
 version whose warm-up request fails does not load; `replay_warmup_requests`
 replays the file through `tf.saved_model.load` to check it and to show the
-cost. The file is readable by all (mode 0644), like the rest of the export.
+cost. The file is written atomically (`files.write_atomically`: a temporary
+name, flushed to disk, renamed) and readable by all (mode 0644), like the
+rest of the export.
 
 The protos are written by hand in protobuf's wire format (the few fields of
 `PredictionLog.predict_log.request`: `model_spec.name`,
@@ -39,14 +41,14 @@ Example:
 >>> path = export_saved_model(translator, "saved_models", model_name="demo")
 >>> write_warmup_requests(path)  # model name "demo"; what the export writes
 PosixPath('saved_models/demo/1/assets.extra/tf_serving_warmup_requests')
->>> [round(s, 2) for s in replay_warmup_requests(path)]  # the quick start's model, 2 cores
-[1.55, 0.02, 0.02, 0.14, 0.13, 0.19, 0.97, 0.01, 0.01, 0.04, 0.06, 0.06]
+>>> seconds = replay_warmup_requests(path)  # one float per request, in file order
+>>> len(seconds)
+12
 """
 
 import json
 import os
 import pathlib
-import tempfile
 import time
 from typing import NamedTuple
 
@@ -54,6 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import names
+from keras_transformer.files import write_atomically
 
 __all__ = [
     "WARMUP_FILE", "WarmupRequest", "read_warmup_requests", "replay_warmup_requests",
@@ -292,8 +295,8 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
     length above `max_source_length` is capped there, as truncation does).
     `max_source_length`, `batch_size` and the SentencePiece model are read
     from the export (`assets.extra/export_options.json`, `assets/spm.model`).
-    The file is written to a temporary name, made readable by all (0644) and
-    renamed into place.
+    The file is written to a temporary name, made readable by all (0644),
+    flushed to disk and renamed into place (`files.write_atomically`).
 
     Args:
         saved_model_dir: a version folder written by
@@ -320,6 +323,8 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
         FileNotFoundError: without `export_options.json` or `assets/spm.model`.
         ValueError: for sizes out of range, an empty selection, more than TF
             Serving's 1000 records, or no `model_name`.
+        WriteError: the file could not be written (a full disk); nothing is
+            left under its name or its temporary name.
     """
     saved_model_dir = pathlib.Path(saved_model_dir)
     options = _export_options(saved_model_dir)
@@ -351,11 +356,7 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
     processor = _processor(spm_file.read_bytes())
     sentences = {w: warmup_sentence(processor, w - 1) for w in widths}
 
-    target = saved_model_dir / ASSETS_EXTRA / WARMUP_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{WARMUP_FILE}-", dir=target.parent)
-    os.close(handle)
-    try:
+    def write(temporary):
         with tf.io.TFRecordWriter(temporary) as writer:
             for signature in signatures:
                 for batch in batches:
@@ -364,12 +365,10 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
                                          dtype=object)
                         writer.write(_encode_prediction_log(model_name, signature,
                                                             {input_name: texts}))
-        os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide it from a model server
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-    return target
+        os.chmod(temporary, 0o644)  # readable by the model server, whatever the umask
+
+    return write_atomically(saved_model_dir / ASSETS_EXTRA / WARMUP_FILE, write,
+                            what="writing the warm-up requests")
 
 
 def read_warmup_requests(path):

@@ -187,7 +187,7 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         `chrf_signature`.
     """
     from keras_transformer.inference import loading
-    from keras_transformer.inference.decoding import DecodingOptions
+    from keras_transformer.model.config import DecodingOptions
     from keras_transformer.model.transformer import quantized
     from keras_transformer.inference.translator import Translator
 

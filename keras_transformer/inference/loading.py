@@ -109,11 +109,13 @@ def load_run(run_dir, weights=None):
 
 def load_keras_file(path):
     """`keras.saving.load_model(path, compile=False)`; a damaged file is a `RunError`."""
+    import importlib
     import zipfile
 
     import keras
 
-    import keras_transformer.model.transformer  # noqa: F401 (registers the classes the file names)
+    # Registers the classes the file names.
+    importlib.import_module("keras_transformer.model.transformer")
 
     path = pathlib.Path(path)
     try:

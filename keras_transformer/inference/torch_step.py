@@ -1,18 +1,19 @@
 """The cached decoder step in plain PyTorch, for decoding under the torch backend.
 
-Under the PyTorch backend the searches of `keras_transformer.inference.decoding` run
-eagerly, one step at a time, and a step through the Keras layers costs about
-66 `Layer.__call__`s and a few hundred `keras.ops` calls: measured on the
-`small` preset, 40 ms of Python per beam-search step against 4 ms of matrix
-products. `make_step_fn` here returns the same step function as
-`decoding.make_step_fn` (same contract, same cache layout, same numbers to
-float32 rounding) computed with `torch.nn.functional` on the tensors of the
-Keras variables themselves: no copy of the weights, no per-layer machinery.
+Under the PyTorch backend the searches of `keras_transformer.inference.search`
+run eagerly, one step at a time, and a step through the Keras layers makes
+dozens of `Layer.__call__`s and a few hundred `keras.ops` calls, whose Python
+overhead outweighs the step's matrix products (docs/inference.md, "Fast
+inference"; the speeds in docs/results.md). `make_step_fn` here returns the
+same step function as `steps.make_step_fn` (same contract, same cache
+layout, same numbers to float32 rounding) computed with
+`torch.nn.functional` on the tensors of the Keras variables themselves: no
+copy of the weights, no per-layer machinery.
 The self-attention's query, key and value projections run as one matrix
 product, the attention as `scaled_dot_product_attention` over the cache
 positions filled so far, and the cache is written in place.
 
-`decoding.make_step_fn` picks this step when it can: torch backend, cached
+`steps.make_step_fn` picks this step when it can: torch backend, cached
 decoding, a float32 model, and either float32 weights or Keras' int8
 weights (`model.quantize("int8")`, reproduced here with the same per-row
 activation scales, `torch._int_mm` (float32 products where this CPU's
@@ -232,7 +233,7 @@ class _Block:
 
 
 def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, cache_length=None):
-    """The cached step of `decoding.make_step_fn`, computed in plain PyTorch.
+    """The cached step of `steps.make_step_fn`, computed in plain PyTorch.
 
     Args:
         model: a float32 `keras_transformer.Transformer` under the torch
@@ -243,7 +244,7 @@ def make_step_fn(model, source_ids, *, buffer_length, beam_size=1, cache_length=
         cache_length: steps of the initial self-attention cache (default L).
 
     Returns:
-        `(next_fn, initial_cache)` as `decoding.make_step_fn(use_cache=True)`.
+        `(next_fn, initial_cache)` as `steps.make_step_fn(use_cache=True)`.
         `next_fn` writes the new keys and values into the cache tensors it is
         given (in place) and returns them: a search that keeps the cache of
         an earlier step must copy it (the beam searches' reordering does).

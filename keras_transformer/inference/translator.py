@@ -13,8 +13,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.inference.decoding import DecodingOptions, decode
+from keras_transformer.inference.decoding import decode
 from keras_transformer.inference.shell import TranslatorShell
+from keras_transformer.model.config import DecodingOptions
 
 
 def _round_up(value, multiple):
@@ -121,11 +122,6 @@ class Translator(TranslatorShell):
         """`options.max_extra_length`: outputs have at most source length + this."""
         return self.options.max_extra_length
 
-    def _options(self, beam_size, alpha):
-        if beam_size is not None and (not isinstance(beam_size, int) or beam_size < 1):
-            raise ValueError(f"beam_size must be a positive integer, received {beam_size!r}")
-        return self.options.replace(beam_size=beam_size, alpha=alpha)
-
     def decode_rows(self, source_ids, options):
         """NumPy `(tokens, scores)` of one batch (`TranslatorShell.decode_rows`).
 
@@ -219,7 +215,8 @@ class Translator(TranslatorShell):
 
         Returns `(translations, scores or None, attentions or None)`.
         """
-        options = self._options(beam_size, alpha)
+        # A bad beam size or alpha is refused here (`DecodingOptions.check`).
+        options = self.options.replace(beam_size=beam_size, alpha=alpha)
         attentions = {}
 
         def attend(indices, source_ids, tokens):

@@ -10,7 +10,6 @@ building anything.
 """
 
 import dataclasses
-import math
 from typing import Optional
 
 POSITION_KINDS = ("sinusoidal", "learned")
@@ -162,7 +161,7 @@ class TransformerConfig:
         `preset("base", position_embedding="learned")`.
 
         Args:
-            name: one of `TransformerConfig.preset_names()`.
+            name: a key of `PRESETS`: `"base"`, `"big"`, `"small"` or `"tiny"`.
             **overrides: fields to change.
         """
         if name not in PRESETS:
@@ -173,10 +172,6 @@ class TransformerConfig:
         values = dict(PRESETS[name])
         values.update(overrides)
         return cls(**values)
-
-    @staticmethod
-    def preset_names():
-        return sorted(PRESETS)
 
     def replace(self, **changes) -> "TransformerConfig":
         """Returns a copy with `changes` applied.
@@ -244,10 +239,6 @@ class TransformerConfig:
             + self.num_layers * (encoder_layer + decoder_layer)
         )
 
-    @property
-    def embedding_scale(self) -> float:
-        return math.sqrt(self.d_model)
-
 
 # Table 3 of the paper. Both models use warm-up 4000, epsilon_ls 0.1, Adam
 # (0.9, 0.98, 1e-9). The big model's P_drop is 0.3 for English-German.
@@ -263,6 +254,11 @@ PRESETS = {
     "tiny": dict(num_layers=2, d_model=128, num_heads=4, d_ff=512, dropout=0.1,
                  label_smoothing=0.1, warmup_steps=400, vocab_size=4000),
 }
+
+
+# The smallest value of each decoding argument (`DecodingOptions.check`):
+# alpha is a number, the others are integers.
+_DECODING_MINIMUMS = {"beam_size": 1, "alpha": 0, "max_extra_length": 0, "min_length": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,15 +292,51 @@ class DecodingOptions:
     min_length: int = 0
 
     def __post_init__(self):
-        for name, smallest in (("beam_size", 1), ("max_extra_length", 0), ("min_length", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < smallest:
-                raise ValueError(f"{name} must be an integer >= {smallest}, "
-                                 f"received {name}={value!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
-                or not self.alpha >= 0:
-            raise ValueError(f"alpha must be a number >= 0, received alpha={self.alpha!r}")
+        for name in _DECODING_MINIMUMS:
+            self.check(name, getattr(self, name))
         object.__setattr__(self, "alpha", float(self.alpha))
+
+    @staticmethod
+    def check(name, value, label=None):
+        """Raises `ValueError` unless `value` can be the decoding argument `name`.
+
+        The one check of the decoding arguments: `DecodingOptions` runs it on
+        each field, and the searches, `train`'s settings and the commands run
+        it on the values they are given, each naming the value as its caller
+        knows it. `beam_size` is an integer >= 1, `max_extra_length` and
+        `min_length` integers >= 0, `alpha` a number >= 0.
+
+        Args:
+            name: `"beam_size"`, `"alpha"`, `"max_extra_length"` or
+                `"min_length"`.
+            value: the value to check.
+            label: how the message names the value (default `name`); the
+                commands and `train`'s settings pass their flag, e.g.
+                `"--beam-size"`.
+
+        Returns:
+            `value`, unchanged.
+
+        Raises:
+            ValueError: one line naming `label` and the value, e.g.
+                `--beam-size must be >= 1, received 0`.
+
+        Example:
+
+        >>> DecodingOptions.check("alpha", -1.0, label="--alpha")
+        Traceback (most recent call last):
+        ...
+        ValueError: --alpha must be >= 0, received -1
+        """
+        label = label or name
+        smallest = _DECODING_MINIMUMS[name]
+        kind, types = ("a number", (int, float)) if name == "alpha" else ("an integer", int)
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ValueError(f"{label} must be {kind}, received {value!r}")
+        if not value >= smallest:  # NaN too
+            shown = f"{value:g}" if isinstance(value, float) else repr(value)
+            raise ValueError(f"{label} must be >= {smallest}, received {shown}")
+        return value
 
     @property
     def greedy(self):

@@ -45,9 +45,11 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         loss = logsumexp(z) - (1 - eps) * z[y] - eps * mean(z)
 
     which needs no smoothed target distribution. z[y] is a gather on JAX and
-    PyTorch; on TensorFlow it is a one-hot product (same value, about 10%
-    faster training on CPU because TensorFlow's gather gradient is a scatter;
-    it costs one more tensor of the logits' size). Positions whose label is
+    PyTorch; on TensorFlow it is a one-hot product (the same value): the
+    gradient of TensorFlow's gather is a scatter (`UnsortedSegmentSum`),
+    slower on a CPU than the product's dense one, at the cost of one more
+    tensor of the logits' size (the loss's costs: docs/bf16.md, "Where the
+    step's time goes"). Positions whose label is
     `pad_id` contribute nothing; the default reduction is the mean over
     non-pad tokens (weighted by `sample_weight` when given). Logits are taken
     in float32. Under `tf.distribute` the mean is over the tokens of the
@@ -108,8 +110,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         # Pad positions are zeroed below.
         if keras.backend.backend() == "tensorflow":
             # TensorFlow's gradient of a gather along the last axis is a dense
-            # UnsortedSegmentSum; a one-hot product is the same value and
-            # trains about 10% faster. Out-of-range labels give a zero row.
+            # UnsortedSegmentSum; a one-hot product is the same value with a
+            # cheaper gradient (see the class docstring). Out-of-range labels
+            # give a zero row.
             one_hot = ops.one_hot(labels, ops.shape(logits)[-1], dtype=logits.dtype)
             target_logit = ops.sum(one_hot * logits, axis=-1)
         else:

@@ -1,18 +1,18 @@
 """Which dtype policy a run trains in: float32, or bfloat16 where the hardware pays.
 
-`resolve(setting)` turns the `mixed_precision` setting into a Keras dtype
-policy and the reason for it, which the job logs among its first lines.
-`"auto"` chooses Keras' `mixed_bfloat16` policy (float32 variables and
-optimizer state, bf16 matrix products) where the arithmetic has bf16 units
-that the backend uses, and float32 elsewhere:
+`choose_precision(setting)` turns the `mixed_precision` setting into a
+Keras dtype policy and the reason for it, which the job logs among its first
+lines. `"auto"` chooses Keras' `mixed_bfloat16` policy (float32 variables
+and optimizer state, bf16 matrix products) where the arithmetic has bf16
+units that the backend uses, and float32 elsewhere:
 
 - a GPU with bf16 (NVIDIA compute capability 8.0 or newer): bf16;
 - a CPU with `avx512_bf16` or `amx_bf16` (read from /proc/cpuinfo by
   `cpu_flags`, the one function a test fakes): bf16 under TensorFlow and
-  PyTorch, whose oneDNN kernels multiply bf16 at about twice the float32
-  rate (`examples/benchmark_training.py --mixed-precision none
-  mixed_bfloat16` prints the ratio); float32 under JAX, whose XLA:CPU
-  gains nothing from bf16 (the same benchmark: about 1.0x);
+  PyTorch, whose oneDNN kernels multiply bf16 on those units; float32 under
+  JAX, whose XLA:CPU trains no faster in bf16. The speeds of both are in
+  docs/bf16.md (`examples/benchmark_training.py --mixed-precision none
+  mixed_bfloat16` measures them);
 - a CPU without them: float32. bf16 arithmetic is emulated there and runs
   slower than float32 (tensorflow/tensorflow#45441, pytorch/pytorch#86550).
 
@@ -122,7 +122,7 @@ def gpu_bf16(backend=None):
     return None
 
 
-def resolve(setting="auto", backend=None):
+def choose_precision(setting="auto", backend=None):
     """The `Precision` of a `mixed_precision` setting on this machine and backend.
 
     Args:

@@ -5,32 +5,36 @@
 
 `train` runs: `prepare_data` (`data.corpora`) -> the run's vocabulary
 (`run_vocabulary.adopt`) -> `optimization.build_training_model` under
-`optimization.get_strategy`'s strategy -> `restore` (backup, or `--init-from`
-weights) -> `fit` on `data.corpora.training_datasets` -> `finalize_weights`
-(average / best / last) -> `evaluate_test` -> `export_run`. The run folder
-(`keras_transformer.runs`) makes it resumable: re-running the same command
-continues from the newest backup, a larger `train_steps` continues a
-finished run, and a finished run re-run unchanged trains nothing.
-TensorFlow is used for tf.data and tf.distribute; the model trains on any
-Keras backend. Scoring a finished run is `keras_transformer.inference.evaluation`.
+`strategy.get_strategy`'s strategy -> `restore_state` (backup, or
+`--init-from` weights) -> `fit` on `data.corpora.training_datasets` ->
+`finalize_weights` (average / best / last) -> `evaluate_test` ->
+`export_run`. The run folder (`keras_transformer.runs`) makes it
+resumable: re-running the same command continues from the newest backup, a
+larger `train_steps` continues a finished run, and a finished run re-run
+unchanged trains nothing (`continuation`, `results`). A run that stops
+early raises `stops.Stopped` (a signal, a diverged loss) or the
+`runs.RunError` of `stops.write_failure` (a failed write). TensorFlow is
+used for tf.data and tf.distribute; the model trains on any Keras backend.
+Scoring a finished run is `keras_transformer.inference.evaluation`.
 """
 
 import contextlib
 import dataclasses
 import logging
 import pathlib
-import signal
 
 import keras
 
 from keras_transformer import files, run_vocabulary, runs
-
-from keras_transformer.inference import loading
-
-from keras_transformer.training import guard
 from keras_transformer.data import corpora, sampling
+from keras_transformer.inference import loading
+from keras_transformer.training import continuation, results
+from keras_transformer.training.guard import RunGuard
+from keras_transformer.training.measurement import TrainingTimer, peak_memory_mib
+from keras_transformer.training.plotting import plot_training
 from keras_transformer.training.settings import SettingsError
-from keras_transformer.training.optimization import peak_memory_mib, plot_training
+from keras_transformer.training.stops import Outcome, stopped, write_failure
+from keras_transformer.training.strategy import is_chief
 
 logger = logging.getLogger("keras_transformer")
 
@@ -49,7 +53,7 @@ def prepare_data(settings, run):
         and tokenizer_file == run.tokenizer_file, seed=settings.seed)
 
 
-def restore(model, run, settings, strategy=None):
+def restore_state(model, run, settings, strategy=None):
     """Stage 2: loads the newest backup (weights + optimizer), or `--init-from`'s weights.
 
     Returns:
@@ -92,7 +96,7 @@ def restore(model, run, settings, strategy=None):
 class FitReport:
     """What `fit` did: how it stopped, updates, time, throughput, memory."""
 
-    outcome: "guard.Outcome"
+    outcome: Outcome
     start_update: int
     final_update: int
     seconds: float
@@ -100,6 +104,7 @@ class FitReport:
     steps: int
     tokens_per_second: float
     peak_memory_mib: float
+
 
 
 def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_update,
@@ -115,24 +120,11 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
         A `FitReport`; its `outcome` says whether `fit` finished, stopped on
         a signal or diverged.
     """
-    from keras_transformer.training.optimization import TrainingTimer
-
     s = settings
     remaining = s.train_steps - start_update
-    writer = guard.WeightWriter()
-    sources, references = bleu_sample
-    run_guard = guard.RunGuard(
-        start_update=start_update, accumulation_steps=s.grad_accum_steps, writer=writer,
-        saver=guard.StateSaver(run, writer, checkpoint_every=s.checkpoint_every,
-                               keep=s.average_last, backup_minutes=s.backup_minutes),
-        log=guard.TrainingLog(run, every=s.log_every, total_updates=s.train_steps,
-                              target_tokens_per_update=tokens_per_update),
-        divergence=guard.DivergenceRule(model.config.vocab_size,
-                                        enabled=s.divergence_check),
-        validator=guard.Validator(
-            run, writer, every=s.validate_every, dataset=valid_ds,
-            translator=translator if s.validation_bleu_sentences else None,
-            sources=sources, references=references))
+    run_guard = RunGuard.for_settings(s, run, model, start_update=start_update,
+                                      tokens_per_update=tokens_per_update, valid_ds=valid_ds,
+                                      translator=translator, bleu_sample=bleu_sample)
     # First: its end-of-batch hook runs before the guard's (validation,
     # checkpoints), which it must not time.
     timer = TrainingTimer()
@@ -155,47 +147,6 @@ def fit(model, run, settings, train_ds, valid_ds, *, start_update, tokens_per_up
                     f"({report.steps} updates this run, {report.tokens_per_second:.0f} target "
                     f"tokens/s in training steps, peak memory {report.peak_memory_mib:.0f} MiB)")
     return report
-
-
-class Stopped(Exception):
-    """`train` stopped before the end of its updates: a signal, or a diverged loss.
-
-    Attributes:
-        outcome: the `guard.Outcome` (`exit_status` is the command's).
-    """
-
-    def __init__(self, outcome, message):
-        super().__init__(message)
-        self.outcome = outcome
-
-
-def stopped(outcome, run):
-    """The `Stopped` of a `fit` that did not finish; a diverged run's later states set aside.
-
-    Training that diverged is rolled back to `outcome.last_good`: the states
-    and log rows written after it move to `rolled_back/` (nothing is
-    deleted), so the same command continues from before the divergence.
-    """
-    if outcome.kind == "signal":
-        name = signal.Signals(outcome.signal_number).name
-        return Stopped(outcome, f"stopped by {name} after update {outcome.update}, backed up "
-                                f"in {outcome.backup}; run the same command to continue from "
-                                "it")
-    run.roll_back_to(outcome.last_good)
-    state = run.newest_good_state()
-    if state is not None:
-        newest = (f"the newest state before it is {state[1].relative_to(run.root)} "
-                  f"(update {state[0]})")
-        again = "continue from that state"
-    else:
-        newest = "no state was written before it"
-        again = "start again from update 0"
-    return Stopped(outcome, (
-        f"training diverged at update {outcome.update}: loss {outcome.loss:.4g}, "
-        f"{outcome.reason}; {newest}, and what was written after update {outcome.last_good} "
-        f"is set aside in {runs.ROLLED_BACK_DIR}/. Nothing was exported. Lower "
-        f"--learning-rate-factor and run again to {again}, or turn this check off with "
-        "--no-divergence-check"))
 
 
 def _fit_checking_shards(corpus, *args, **kwargs):
@@ -224,7 +175,8 @@ def finalize_weights(model, run, settings):
     Returns:
         A short description of the weights used.
     """
-    from keras_transformer.training.optimization import average_checkpoints
+    from keras_transformer.training.averaging import average_checkpoints
+
 
     used = "the last update's weights"
     if settings.final_weights == "averaged":
@@ -258,38 +210,6 @@ def evaluate_test(translator, run, settings, corpus):
                          progress=bool(settings.verbose), verbose=bool(settings.verbose))
 
 
-def write_failure(error, run, then, *, update=None):
-    """The user's line for a write that failed: what, why, what is intact, what to do.
-
-    Args:
-        error: a `files.WriteError`, or another `OSError` (a TensorFlow or
-            library write that failed outside `files`).
-        run: the `RunFolder`.
-        then: what the same command will do once there is space: "continue"
-            (training), "finish" (final weights, test, export) or "write"
-            (only `results.json` is missing).
-        update: for "finish", the update training completed.
-
-    Returns:
-        The `runs.RunError` to raise.
-    """
-    if not isinstance(error, files.WriteError):  # its reason, said as WriteError says it
-        where = getattr(error, "filename", None)
-        error = files.WriteError(where or "", error, f"writing {where}" if where else "writing")
-    what = str(error)
-    if then == "write":
-        return runs.RunError(f"{what}; the run is otherwise complete: run the same command "
-                             "to write it")
-    if then == "finish":
-        state = (f"training is complete at update {update} and {run.newest_state_text()}. "
-                 "Free space (or fix the folder) and run the same command to finish the "
-                 "run (final weights, test, export)")
-    else:
-        state = (f"{run.newest_state_text()}. Free space (or fix the folder) and run the "
-                 "same command to continue")
-    return runs.RunError(f"{what}; {state}")
-
-
 def export_run(translator, run, settings):
     """Stage 9: the TF Serving SavedModel, named after the run folder.
 
@@ -312,23 +232,6 @@ def export_run(translator, run, settings):
 # --- the job -----------------------------------------------------------------------
 
 
-def _check_config(run, config):
-    """Writes config.json for a new run; for a continued one, says what changed.
-
-    A damaged config.json is written again (it is derived from the settings).
-    """
-    try:
-        saved = run.read_config()
-    except runs.RunError as error:
-        logger.warning(f"{error}: writing it again from the settings")
-        saved = None
-    if saved is not None and saved != config:
-        changed = {k: (v, getattr(config, k)) for k, v in saved.to_dict().items()
-                   if v != getattr(config, k)}
-        logger.info(f"Model settings changed since the last invocation: {changed}")
-    run.write_json(runs.CONFIG_FILE, config.to_dict())
-
-
 def train(settings):
     """Runs the whole job for resolved `Settings`; returns the results dict.
 
@@ -336,9 +239,10 @@ def train(settings):
     continued.
 
     Raises:
-        Stopped: training stopped on a signal (its last update backed up) or
-            diverged (`stopped`); its `outcome` says which.
-        runs.RunError: a user error, or a write that failed (`write_failure`).
+        stops.Stopped: training stopped on a signal (its last update backed
+            up) or diverged (`stops.stopped`); its `outcome` says which.
+        runs.RunError: a user error, or a write that failed
+            (`stops.write_failure`).
     """
     from keras_transformer.model import precision as precisions
 
@@ -347,7 +251,7 @@ def train(settings):
     keras.utils.set_random_seed(s.seed)
     logger.info(f"Keras {keras.__version__}, backend {keras.backend.backend()}; "
                 f"run folder {run.root}")
-    precision = precisions.resolve(s.mixed_precision)
+    precision = precisions.choose_precision(s.mixed_precision)
     logger.info(f"Precision: {precision}")
     machine = precisions.machine()
     logger.info(f"Machine: {machine}")
@@ -358,28 +262,29 @@ def train(settings):
             f"--lr-decay linear decays to zero at --train-steps {s.train_steps}, which "
             f"must be more than the {warmup} warm-up updates")
     corpus = prepare_data(s, run)  # checked before the run folder is created
-    with run.lock() if guard.is_chief() else contextlib.nullcontext():
+    with run.lock() if is_chief() else contextlib.nullcontext():
         return _train_in(run, s, corpus, precision, machine)
 
 
 def _build(run, s, tokenizer, precision):
     """The compiled training model (in the run's precision), its strategy and batch plan."""
-    from keras_transformer.training import optimization
     from keras_transformer.model.precision import policy_scope
+    from keras_transformer.training import strategy as strategies
+    from keras_transformer.training.optimization import build_training_model
 
     config = s.model_config(vocab_size=tokenizer.vocabulary_size())
-    strategy = optimization.get_strategy(s.distribute)
-    plan = optimization.plan_batches(s.tokens_per_batch, grad_accum_steps=s.grad_accum_steps,
-                                 replicas=optimization.num_replicas(strategy),
-                                 max_length=s.max_length)
+    strategy = strategies.get_strategy(s.distribute)
+    plan = strategies.plan_batches(s.tokens_per_batch, grad_accum_steps=s.grad_accum_steps,
+                                   replicas=strategies.num_replicas(strategy),
+                                   max_length=s.max_length)
     # The policy holds for the layers built here only: what the job builds
     # later (the float32 model it scores and exports) is float32.
     with policy_scope(precision.policy):
-        model = optimization.build_training_model(
+        model = build_training_model(
             config, strategy=strategy, learning_rate_factor=s.learning_rate_factor,
             grad_accum_steps=s.grad_accum_steps, jit_compile=s.jit_compile,
             decay_steps=s.train_steps if s.lr_decay == "linear" else None)
-    _check_config(run, config)
+    continuation.write_config(run, config)
     logger.info(f"Model: preset {s.preset}, {model.count_params():,} parameters, "
                 f"{plan.replicas} replica(s)")
     return model, strategy, plan
@@ -449,56 +354,16 @@ def _log_samples(result, corpus, split):
                      f"{result.hypotheses[i]}")
     logger.info("\n".join(lines))
 
-
-def _check_schedule(run, s):
-    """Refuses to continue a run on a learning-rate schedule other than its own.
-
-    A linear decay reaches zero at the run's `--train-steps`, so the budget is
-    part of its schedule: continuing it to another budget, or switching a run
-    between decays, would give the updates to come rates that no schedule
-    gives after the updates already made. (The inverse square root does not
-    depend on the budget: raising `--train-steps` continues it.)
-
-    Raises:
-        SettingsError: the run has trained on another schedule.
-    """
-    previous = run.read_json(runs.SETTINGS_FILE)
-    if not previous or not run.state_files():
-        return
-    old_decay = previous.get("lr_decay", "inverse_sqrt")
-    old_steps = previous.get("train_steps")
-    if "linear" not in (old_decay, s.lr_decay):
-        return
-    if (old_decay, old_steps) == (s.lr_decay, s.train_steps):
-        return
-    trained_on = (f"decays its learning rate linearly to zero at update {old_steps}"
-                  if old_decay == "linear" else
-                  "trained on the inverse square root schedule")
-    asked = (f"--lr-decay linear to update {s.train_steps}" if s.lr_decay == "linear"
-             else "--lr-decay inverse_sqrt")
-    raise SettingsError(
-        f"{run.root} {trained_on} ({run.settings_file.name}); {asked} would change the "
-        "schedule of the updates already made. Nothing was changed: train a new "
-        "--output-dir, or fine-tune this run's weights there with --init-from")
-
-
 def _train_in(run, settings, corpus, precision, machine):
     """`train` once the corpus is known and the run folder is locked."""
     s = settings
-    _check_schedule(run, s)
+    continuation.check_schedule(run, s)
     tokenizer = run_vocabulary.adopt(run, corpus, s.init_from)
     run.write_json(runs.SETTINGS_FILE, s.to_dict())
     model, strategy, plan = _build(run, s, tokenizer, precision)
-    start = restore(model, run, s, strategy)
-    previous = run.read_json(runs.RESULTS_FILE)
-    if start >= s.train_steps and previous and previous.get("final_step") == start:
-        more = ("its learning rate reached zero at this budget (--lr-decay linear)"
-                if s.lr_decay == "linear" else "raise --train-steps to continue it")
-        logger.info(f"The run in {run.root} is complete: update {start} of "
-                    f"{s.train_steps}, results in {run.results_file}. Nothing to train; "
-                    f"{more}.")
-        previous["steps_this_run"] = 0
-        run.write_json(runs.RESULTS_FILE, previous)
+    start = restore_state(model, run, s, strategy)
+    previous = results.completed(run, s, start)
+    if previous is not None:
         return previous
 
     report, translator, tokens_per_update = None, None, None
@@ -514,34 +379,7 @@ def _train_in(run, settings, corpus, precision, machine):
         run, s, corpus, model, tokenizer, precision, translator,
         update=report.final_update if report else start)
     _log_samples(result, corpus, s.eval_split)
-    summary = {
-        "eval_split": s.eval_split,
-        "bleu": result.bleu, "chrf": result.chrf, "bleu_signature": result.bleu_signature,
-        "bleu_lowercase": result.bleu_lowercase,
-        "bleu_lowercase_signature": result.bleu_lowercase_signature,
-        "final_step": report.final_update if report else start,
-        "steps_this_run": report.steps if report else 0,
-        "train_seconds": report.seconds if report else 0.0,
-        "step_seconds": report.step_seconds if report else 0.0,
-        "target_tokens_per_update": tokens_per_update,
-        "train_target_tokens_per_second": report.tokens_per_second if report else None,
-        "train_peak_memory_mib": report.peak_memory_mib if report else None,
-        "peak_memory_mib": peak_memory_mib(), "final_weights": final_weights,
-        "parameters": model.count_params(), "backend": keras.backend.backend(),
-        "precision": precision.policy, "precision_reason": precision.reason,
-        "machine": machine,  # the last part's, for a continued run
-        "batch_plan": dataclasses.asdict(plan),
-        "saved_model": str(export_path) if export_path else None,
-        "settings": s.to_dict(),
-    }
-    try:
-        run.write_json(runs.RESULTS_FILE, summary)
-    except files.WriteError as error:
-        raise write_failure(error, run, "write") from None
-    logger.info(f"{'Test' if s.eval_split == 'test' else 'Validation'} BLEU "
-                f"{result.bleu:.2f}, chrF {result.chrf:.2f}, lowercased BLEU "
-                f"{result.bleu_lowercase:.2f}; results in "
-                f"{run.results_file}")
-    return summary
-
-
+    return results.record(run, s, result, report=report, start=start,
+                          tokens_per_update=tokens_per_update, final_weights=final_weights,
+                          model=model, precision=precision, machine=machine, plan=plan,
+                          export_path=export_path)

@@ -1,8 +1,19 @@
-"""Attention heat-maps per head, like figures 3-5 of the paper."""
+"""Figures as PNG files: attention heat-maps per head, a run's training curves.
 
+`plot_attention` draws figures 3-5 of the paper from a translation's
+attention; `plot_training` draws a run's `training_log.csv` (the job writes
+it to `training.png`). Both draw on their own matplotlib `Figure` (no
+pyplot state) and write the PNG through `keras_transformer.files`.
+"""
+
+import csv
+import io
+import math
 import pathlib
 
 import numpy as np
+
+from keras_transformer.files import write_bytes
 
 _KINDS = {
     "cross": ("cross_attention", "target_tokens", "source_tokens",
@@ -122,7 +133,71 @@ def plot_attention(attention, path, *, kind="cross", layer=-1, heads=None,
     if title:
         figure.suptitle(title)
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", bbox_inches="tight")
-    return path
+    return _write_png(figure, pathlib.Path(path), "the attention plot", bbox_inches="tight")
+
+
+def plot_training(log_csv, output_png):
+    """Writes a PNG of the loss, the validation BLEU and the learning rate against updates.
+
+    Args:
+        log_csv: a run's `training_log.csv` (`keras_transformer.training.log
+            .TrainingLog`: `step`, `loss`, `learning_rate` on every row;
+            `val_loss`, `val_bleu` on the rows where validation ran). Logs
+            of `keras.callbacks.CSVLogger` with `step` and `learning_rate`
+            columns work too.
+        output_png: the figure's path.
+
+    Returns:
+        `output_png`, or `None` when the log has no rows.
+
+    Raises:
+        files.WriteError: the PNG could not be written.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with open(log_csv, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows:
+        return None
+
+    steps = [float(r["step"]) if r.get("step") else float(i + 1) for i, r in enumerate(rows)]
+
+    def series(name):
+        """(steps, values) of the rows that have a value in column `name`."""
+        points = [(x, float(r[name])) for x, r in zip(steps, rows)
+                  if r.get(name) not in (None, "") and math.isfinite(float(r[name]))]
+        return [x for x, _ in points], [y for _, y in points]
+
+    has_bleu = bool(series("val_bleu")[0])
+    figure = Figure(figsize=(16 if has_bleu else 11, 4), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, 3 if has_bleu else 2)
+    loss_axis, lr_axis = axes[0], axes[-1]
+    loss_axis.plot(*series("loss"), label="training loss")
+    if series("val_loss")[0]:
+        loss_axis.plot(*series("val_loss"), marker="o", label="validation loss")
+    loss_axis.set_xlabel("update")
+    loss_axis.set_ylabel("label-smoothed cross-entropy per token")
+    loss_axis.grid(alpha=0.3)
+    loss_axis.legend()
+    if has_bleu:
+        axes[1].plot(*series("val_bleu"), marker="o", color="tab:red")
+        axes[1].set_xlabel("update")
+        axes[1].set_ylabel("validation BLEU (greedy, sample)")
+        axes[1].grid(alpha=0.3)
+    if series("learning_rate")[0]:
+        lr_axis.plot(*series("learning_rate"), color="tab:green")
+    lr_axis.set_xlabel("update")
+    lr_axis.set_ylabel("learning rate")
+    lr_axis.grid(alpha=0.3)
+    figure.tight_layout()
+    _write_png(figure, output_png, "the training plot", dpi=100)
+    return output_png
+
+
+def _write_png(figure, path, what, **options):
+    """Renders `figure` as PNG in memory and writes it atomically (`files.write_bytes`)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", **options)
+    return write_bytes(path, buffer.getvalue(), what=f"writing {what} ({path})")

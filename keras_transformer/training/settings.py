@@ -43,7 +43,7 @@ PRESET_DEFAULTS = {
                  max_length=256, checkpoint_every=1000, average_last=5, log_every=100),
     "big": dict(train_steps=300_000, tokens_per_batch=25_000, vocab_size=37_000,
                 max_length=256, checkpoint_every=1000, average_last=20, log_every=100),
-    # small: about 55 minutes of training on 2 CPU cores (Multi30k).
+    # small: sized for Multi30k on a CPU (its training speed: docs/results.md).
     "small": dict(train_steps=2_400, tokens_per_batch=4096, vocab_size=8000,
                   max_length=128, checkpoint_every=200, average_last=5, log_every=25),
     "tiny": dict(train_steps=500, tokens_per_batch=3072, vocab_size=4000,
@@ -190,22 +190,27 @@ class Settings:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value not in choices:
-                raise SettingsError(f"{_flag(f.name)} must be one of {', '.join(map(str, choices))}, "
+                raise SettingsError(f"{flag(f.name)} must be one of {', '.join(map(str, choices))}, "
                                     f"received {value!r}")
         for name in ("train_steps", "tokens_per_batch", "vocab_size", "max_length",
                      "checkpoint_every", "average_last", "grad_accum_steps", "log_every",
                      "bucket_multiple", "sampling_views",
-                     "validate_every", "beam_size", "max_extra_length", "eval_sentences"):
+                     "validate_every", "eval_sentences"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 1):
-                raise SettingsError(f"{_flag(name)} must be a positive integer, "
+                raise SettingsError(f"{flag(name)} must be a positive integer, "
                                     f"received {value!r}")
-        for name in ("learning_rate_factor", "alpha", "backup_minutes"):
+        for name in ("beam_size", "alpha", "max_extra_length"):
+            try:
+                DecodingOptions.check(name, getattr(self, name), label=flag(name))
+            except ValueError as error:
+                raise SettingsError(str(error)) from None
+        for name in ("learning_rate_factor", "backup_minutes"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 \
                     or (name == "learning_rate_factor" and value == 0):
-                raise SettingsError(f"{_flag(name)} must be a {'positive' if name == 'learning_rate_factor' else 'non-negative'} "
+                raise SettingsError(f"{flag(name)} must be a {'positive' if name == 'learning_rate_factor' else 'non-negative'} "
                                     f"number, received {value!r}")
         value = self.subword_sampling
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
@@ -222,7 +227,7 @@ class Settings:
         for name in self.model:
             if name in _JOB_OWNED_MODEL_FIELDS:
                 raise SettingsError(
-                    f"model setting {name!r} is set by the job ({_flag(name)} or the "
+                    f"model setting {name!r} is set by the job ({flag(name)} or the "
                     "tokenizer), not as a model override")
             if name not in model_fields:
                 raise SettingsError(
@@ -241,7 +246,7 @@ class Settings:
         if self.validate_every is None:
             values["validate_every"] = values.get("checkpoint_every", self.checkpoint_every)
         if self.output_dir is None:
-            values["output_dir"] = default_output_dir(self.data, self.preset)
+            values["output_dir"] = default_run_dir(self.data, self.preset)
         return dataclasses.replace(self, **values)
 
     def model_config(self, vocab_size=None):
@@ -270,13 +275,14 @@ class Settings:
         return cls(**values)
 
 
-def default_output_dir(data, preset):
+def default_run_dir(data, preset):
     """`runs/<corpus name>_<preset>` (`names.RUNS_ROOT`)."""
     name = data if data in ("wmt14", "demo") else str(data).rstrip("/").split("/")[-1]
     return f"{names.RUNS_ROOT}/{name}_{preset}"
 
 
-def _flag(name):
+def flag(name):
+    """The command-line flag of a setting or option name: `beam_size` -> `--beam-size`."""
     return "--" + name.replace("_", "-")
 
 
@@ -331,19 +337,19 @@ def add_arguments(parser):
         default = f.default
         shown = f" (default {default})" if default not in (None, "") else ""
         groups[section].add_argument(
-            _flag(f.name), dest=f.name, default=argparse.SUPPRESS,
+            flag(f.name), dest=f.name, default=argparse.SUPPRESS,
             type=_type_of(f.type, default), choices=f.metadata.get("choices"),
             # argparse %-formats help texts: a literal "%" is written "%%".
             help=(f.metadata["help"] + shown).replace("%", "%%"))
         if _type_of(f.type, default) is _parse_bool:
             groups[section].add_argument(
-                "--no-" + _flag(f.name)[2:], dest=f.name, action="store_const", const=False,
-                default=argparse.SUPPRESS, help=f"the same as {_flag(f.name)} false")
+                "--no-" + flag(f.name)[2:], dest=f.name, action="store_const", const=False,
+                default=argparse.SUPPRESS, help=f"the same as {flag(f.name)} false")
     group = parser.add_argument_group(
         "model settings", "override any TransformerConfig field of the preset "
         "(Table 3 rows: --num-heads 16 --key-dim 32 --value-dim 32)")
     for f in model_fields():
-        group.add_argument(_flag(f.name), dest=f"model.{f.name}", default=argparse.SUPPRESS,
+        group.add_argument(flag(f.name), dest=f"model.{f.name}", default=argparse.SUPPRESS,
                            type=_type_of(f.type, f.default),
                            help=f"TransformerConfig.{f.name}")
     return parser
@@ -393,7 +399,7 @@ def read_config_file(path):
     return job, model
 
 
-def resolve(given=None, given_model=None, config_file=None, saved=None):
+def merge_settings(given=None, given_model=None, config_file=None, saved=None):
     """The run's settings from the command line, a config file and a saved run.
 
     Args:
@@ -444,14 +450,14 @@ def load_settings(given=None, given_model=None, config_file=None):
     output_dir = merged.get("output_dir")
     if output_dir is None:
         defaults = Settings.__dataclass_fields__
-        output_dir = default_output_dir(merged.get("data", defaults["data"].default),
+        output_dir = default_run_dir(merged.get("data", defaults["data"].default),
                                         merged.get("preset", defaults["preset"].default))
         given["output_dir"] = output_dir
     run = runs.RunFolder(output_dir)
     saved = run.read_json(runs.SETTINGS_FILE)
     if saved is not None:
         try:
-            resolve(saved=saved)
+            merge_settings(saved=saved)
         except (SettingsError, TypeError, ValueError) as error:
             raise runs.RunError(f"{run.settings_file} is damaged: {error}; restore it, or "
                                 "start a new --output-dir") from None
@@ -459,13 +465,13 @@ def load_settings(given=None, given_model=None, config_file=None):
     if data and "vocab_size" not in merged and prepared.is_prepared(data):
         # A prepared corpus brings its vocabulary.
         given["vocab_size"] = prepared.PreparedCorpus(data).vocab_size
-    return resolve(given, given_model, config_file, saved=saved)
+    return merge_settings(given, given_model, config_file, saved=saved)
 
 
 def check_unchanged(saved, new):
     """Raises `SettingsError` when `new` changes what a run cannot change midway."""
     old_config, new_config = saved.model_config(), new.model_config()
-    changes = [(_flag(name), getattr(saved, name), getattr(new, name))
+    changes = [(flag(name), getattr(saved, name), getattr(new, name))
                for name in FIXED_SETTINGS]
     changes += [(f"model setting {name}", getattr(old_config, name), getattr(new_config, name))
                 for name in ARCHITECTURE_FIELDS]
@@ -489,10 +495,10 @@ def markdown_table():
         elif default == "":
             default = "''"
         meaning = f.metadata["help"].replace("<", "&lt;").replace(">", "&gt;")
-        lines.append(f"| `{_flag(f.name)}` | `[{f.metadata['section']}] {f.name}` | "
+        lines.append(f"| `{flag(f.name)}` | `[{f.metadata['section']}] {f.name}` | "
                      f"{default} | {meaning} |")
     lines.append("| `--<model field>` | `[model] <field>` | preset | any TransformerConfig "
-                 f"field: {', '.join(f'`{_flag(m.name)}`' for m in model_fields())} |")
+                 f"field: {', '.join(f'`{flag(m.name)}`' for m in model_fields())} |")
     lines.append("| `--config FILE` | | | a TOML file of the settings above |")
     return "\n".join(lines)
 

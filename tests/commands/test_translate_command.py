@@ -443,7 +443,12 @@ def test_run_folder_errors(run, tmp_path, capsys):
     assert "'ckpt-99' not found" in err and "ckpt-10" in err
     assert "needs --model" in error("--run", str(run), "--signature", "x")
     assert "--beam-size 1" in error("--run", str(run), "--greedy", "--beam-size", "4")
-    assert "--alpha must be >= 0" in error("--run", str(run), "--alpha", "-1")
+    # The decoding flags' messages are DecodingOptions.check's, naming the flag.
+    assert error("--run", str(run), "--alpha", "-1") == \
+        "keras-transformer translate: error: --alpha must be >= 0, received -1\n"
+    assert "--beam-size must be >= 1, received 0" in error("--run", str(run), "--beam-size", "0")
+    assert "--max-extra-length must be >= 0, received -1" in error(
+        "--run", str(run), "--max-extra-length", "-1")
     assert "int8 weights or bf16 weights" in error("--run", str(run), "--quantize", "int8",
                                                    "--dtype", "bfloat16")
     assert not (tmp_path / "never.de").exists()

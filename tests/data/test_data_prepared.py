@@ -12,8 +12,9 @@ import sys
 import pytest
 import sentencepiece
 
-from keras_transformer.data import prepared
+from keras_transformer.data import preparation, prepared
 from keras_transformer.data.streaming import bucket_boundaries
+from keras_transformer.files import file_sha256
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,8 +37,8 @@ def corpus_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def corpus(corpus_dir, tmp_path_factory):
     output = tmp_path_factory.mktemp("prepared") / "m30k_v600"
-    return prepared.ensure_prepared(prepared.text_inputs(corpus_dir), output,
-                                    vocab_size=600, num_shards=3, max_length=48)
+    return preparation.ensure_prepared(preparation.text_inputs(corpus_dir), output,
+                                       vocab_size=600, num_shards=3, max_length=48)
 
 
 def _lines(path):
@@ -126,7 +127,7 @@ def test_manifest_counts_match_the_data(corpus, corpus_dir):
     lengths = train["lengths"]
     assert sum(lengths["pair"].values()) == train["pairs"]
     assert sum(int(k) * v for k, v in lengths["target"].items()) == train["target_tokens"]
-    assert corpus.manifest["tokenizer"]["sha256"] == prepared.file_sha256(
+    assert corpus.manifest["tokenizer"]["sha256"] == file_sha256(
         corpus.tokenizer_file)
     assert corpus.split("valid")["pairs"] == 150
     assert corpus.text_paths("test") == (corpus_dir.resolve() / "test.en",
@@ -156,9 +157,9 @@ def test_the_seed_fixes_the_batches(corpus):
 def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path, monkeypatch):
     """`prepare` + `train --data <prepared>` reads exactly the batches of `train --data <folder>`."""
     from keras_transformer import run_vocabulary, runs
-    from keras_transformer.training import job
-    from keras_transformer.training import optimization
     from keras_transformer.data import corpora
+    from keras_transformer.training import job
+    from keras_transformer.training.strategy import plan_batches
     from keras_transformer.training.settings import load_settings
 
     monkeypatch.chdir(tmp_path)  # the default prepared root, runs/prepared, is relative
@@ -177,7 +178,7 @@ def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path, 
         run = runs.RunFolder(run_dir)
         corpus = job.prepare_data(settings, run)
         run_vocabulary.adopt(run, corpus)
-        plan = optimization.plan_batches(512, max_length=48)
+        plan = plan_batches(512, max_length=48)
         train_ds, valid_ds, per_update = corpora.training_datasets(
             corpus, tokens_per_batch=plan.micro_batch_tokens, max_length=48, seed=5)
         train = [(x["source_ids"], y) for x, y in train_ds.take(30).as_numpy_iterator()]
@@ -206,13 +207,13 @@ def test_a_changed_input_or_vocabulary_prepares_again(corpus_dir, tmp_path, capl
     folder = copy_corpus_head(corpus_dir, tmp_path / "c", (("train", "train", 300),
                                                            ("valid", "valid", 20),
                                                            ("test", "test", 5)))
-    inputs = prepared.text_inputs(folder)
+    inputs = preparation.text_inputs(folder)
     output = tmp_path / "p"
     caplog.set_level(logging.INFO, logger="keras_transformer")
 
     def prepare(vocab_size=400):
         caplog.clear()
-        corpus = prepared.ensure_prepared(inputs, output, vocab_size=vocab_size)
+        corpus = preparation.ensure_prepared(inputs, output, vocab_size=vocab_size)
         return corpus, caplog.text
 
     first, log = prepare()
@@ -312,7 +313,7 @@ def test_the_manifest_is_json_with_the_documented_fields(corpus):
                              "prepare_seconds", "prepare_peak_rss_mib"}
     assert manifest["record"]["dtype"] == "uint16"
     for shard in manifest["splits"]["train"]["shards"]:
-        assert prepared.file_sha256(corpus.directory / shard["file"]) == shard["sha256"]
+        assert file_sha256(corpus.directory / shard["file"]) == shard["sha256"]
 
 
 def test_a_tf_data_corpus_prepares_like_its_text_files(corpus, corpus_dir, tmp_path):
@@ -325,19 +326,19 @@ def test_a_tf_data_corpus_prepares_like_its_text_files(corpus, corpus_dir, tmp_p
                 (_lines(corpus_dir / f"{split}.en"), _lines(corpus_dir / f"{split}.de")))
         return load
 
-    inputs = prepared.CorpusInputs("wmt14", train=dataset("train"), valid=dataset("valid"),
-                                   test=dataset("test"), key={"tfds": "test", "v": 1})
-    from_data = prepared.ensure_prepared(inputs, tmp_path / "p", vocab_size=600,
-                                         num_shards=3, max_length=48)
+    inputs = preparation.CorpusInputs("wmt14", train=dataset("train"), valid=dataset("valid"),
+                                      test=dataset("test"), key={"tfds": "test", "v": 1})
+    from_data = preparation.ensure_prepared(inputs, tmp_path / "p", vocab_size=600,
+                                            num_shards=3, max_length=48)
     # The same pairs, statistics and (same seed) the same shards as from the files.
     for split in ("train", "valid"):
         ours, theirs = from_data.split(split), corpus.split(split)
         assert {k: v for k, v in ours.items()} == {k: v for k, v in theirs.items()}
     # valid/test text is kept for BLEU; the key decides reuse.
     assert _lines(from_data.text_paths("test")[1]) == _lines(corpus_dir / "test.de")
-    assert prepared.stale_reason(tmp_path / "p", inputs, vocab_size=600) is None
+    assert preparation.stale_reason(tmp_path / "p", inputs, vocab_size=600) is None
     other = dataclasses.replace(inputs, key={"tfds": "test", "v": 2})
-    assert "was prepared from" in prepared.stale_reason(tmp_path / "p", other, vocab_size=600)
+    assert "was prepared from" in preparation.stale_reason(tmp_path / "p", other, vocab_size=600)
 
 
 def test_train_finds_what_prepare_wrote_whatever_its_output_dir(corpus_dir, tmp_path,

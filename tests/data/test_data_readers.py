@@ -36,7 +36,7 @@ def test_reads_aligned_pairs(tmp_path):
     assert isinstance(pairs, ParallelText)
     assert list(pairs) == list(zip(EN, DE))
     assert len(pairs) == 3 and pairs[1] == (EN[1], DE[1])
-    assert pairs.num_dropped == 0
+    assert pairs.dropped_lines == ()
     assert pairs.source_path.endswith("a.en") and pairs.target_path.endswith("a.de")
 
 
@@ -100,7 +100,7 @@ def test_empty_lines_drop_the_pair_and_are_counted(tmp_path, caplog):
         pairs = load_parallel_text(_write(tmp_path / "d.en", _lines(source)),
                                    _write(tmp_path / "d.de", _lines(target)))
     assert list(pairs) == [("one", "eins"), ("four", "vier"), ("six", "sechs")]
-    assert pairs.dropped_lines == (2, 3, 5) and pairs.num_dropped == 3
+    assert pairs.dropped_lines == (2, 3, 5)
     assert "dropped 3 pair(s) with an empty side (line 2, 3, 5)" in caplog.text
 
 
@@ -124,17 +124,10 @@ def test_write_parallel_text_round_trip(tmp_path):
         write_parallel_text([("a", "b\nc")], tmp_path / "w.en", tmp_path / "w.de")
 
 
-def test_as_dataset(tmp_path):
-    pairs = load_parallel_text(_write(tmp_path / "a.en", _lines(EN)),
-                               _write(tmp_path / "a.de", _lines(DE)))
-    got = [(s.decode(), t.decode()) for s, t in pairs.as_dataset().as_numpy_iterator()]
-    assert got == list(zip(EN, DE))
-
-
 def test_multi30k(shared_data):
     folder = shared_data / "multi30k"
     pairs = load_parallel_text(folder / "train.en", folder / "train.de")
-    assert len(pairs) == 29000 and pairs.num_dropped == 0
+    assert len(pairs) == 29000 and pairs.dropped_lines == ()
     with open(folder / "train.de", encoding="utf-8", newline="\n") as f:
         german = f.read().split("\n")[:-1]
     assert list(pairs.target) == german

@@ -16,7 +16,7 @@ import pytest
 
 import keras_transformer
 from keras_transformer.data import bucket_batch_sizes, bucket_boundaries, write_parallel_text
-from keras_transformer.data import prepared
+from keras_transformer.data import preparation
 from keras_transformer.data.demo import generate_pairs
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,8 +27,8 @@ def _prepare_demo(folder, num_pairs, vocab_size=500):
     pairs = generate_pairs(num_pairs, seed=3)
     for split, part in (("train", pairs), ("valid", pairs[:50]), ("test", pairs[:5])):
         write_parallel_text(part, folder / f"{split}.en", folder / f"{split}.de")
-    return prepared.ensure_prepared(prepared.text_inputs(folder), folder / "prepared",
-                                    vocab_size=vocab_size)
+    return preparation.ensure_prepared(preparation.text_inputs(folder), folder / "prepared",
+                                       vocab_size=vocab_size)
 
 
 @pytest.fixture(scope="module")

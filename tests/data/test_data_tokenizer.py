@@ -60,7 +60,7 @@ def test_special_ids_match_the_model_config(demo_tokenizer):
     assert [demo_tokenizer.id_to_token(i) for i in range(4)] == [
         "<pad>", "<s>", "</s>", "<unk>"]
     assert demo_tokenizer.vocabulary_size() == 600
-    assert demo_tokenizer.token_to_id("<0x41>") == 4 + 0x41  # byte fallback pieces
+    assert _processor(demo_tokenizer).piece_to_id("<0x41>") == 4 + 0x41  # byte fallback
 
 
 def test_graph_tokenize_equals_sentencepiece_python(demo_tokenizer, demo_files):
@@ -167,8 +167,9 @@ def test_multi30k_shared_vocabulary(multi30k_tokenizer, shared_data):
     ids = multi30k_tokenizer.tokenize(lines)
     assert ids.to_list() == _processor(multi30k_tokenizer).encode(lines)
     # One vocabulary for both languages: English and German words both have pieces.
-    assert multi30k_tokenizer.token_to_id("▁dog") != multi30k_tokenizer.unk_id
-    assert multi30k_tokenizer.token_to_id("▁Hund") != multi30k_tokenizer.unk_id
+    processor = _processor(multi30k_tokenizer)
+    assert processor.piece_to_id("▁dog") != multi30k_tokenizer.unk_id
+    assert processor.piece_to_id("▁Hund") != multi30k_tokenizer.unk_id
 
 
 def _exception_kind(line, decoded):

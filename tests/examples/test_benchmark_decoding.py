@@ -132,7 +132,7 @@ def test_quantize_model_reports_what_it_quantized(bench, tiny_config):
 
     from keras_transformer import build_model
 
-    # One layer: Keras' quantize runs a gc.collect() per layer (about 0.4 s each).
+    # One layer: Keras' quantize runs a gc.collect() per layer, the test's cost.
     model = build_model(tiny_config.replace(num_layers=1))
     report = bench.quantize_model(model, "int8")
     assert report["quantized_tensors"] > 0 and report["quantized_parameters"] > 0
@@ -154,7 +154,8 @@ def test_a_failing_worker_is_one_line(bench, tmp_path):
     assert result["error"].startswith("ct2-marian worker: ")
     assert "\n" not in result["error"] and "Traceback" in result["stderr_tail"]
     assert result["wall_seconds"] > 0
-    assert result["other_cores"] is None or result["other_cores"] >= 0
+    # Measured wherever /proc/stat is readable; None only where it is not.
+    assert isinstance(result["other_cores"], float) == os.access("/proc/stat", os.R_OK)
     # A worker that dies before printing its result.
     result = bench.run_child(["--worker"], env, timeout=60)
     assert result["error"].startswith("worker exited with status 2 and no result; "
@@ -198,7 +199,8 @@ def test_script_times_keras_hf_and_ctranslate2_in_their_own_processes(tmp_path):
             ("greedy", 6), ("beam-4", 6)]
         (result,) = entry["rounds"]
         assert result["info"]["threads"]  # every worker says which threads it used
-        assert result["other_cores"] is None or result["other_cores"] >= 0
+        # Measured wherever /proc/stat is readable; None only where it is not.
+        assert isinstance(result["other_cores"], float) == os.access("/proc/stat", os.R_OK)
         for row, measured in zip(entry["summary"], result["measurements"]):
             assert row["output_length"] == 6  # forced: every row has 6 tokens
             assert len(measured["seconds"]) == 2

@@ -73,7 +73,9 @@ def test_run_benchmark_on_tiny_config(bench, tiny_config, one_torch_thread, caps
             assert result[kind][key] > 0, (kind, key)
         assert len(result[kind]["rounds"]) == 2
         assert result[kind]["matmul_peak_gflops"] > 0
-        assert result[kind]["other_cores"] is None or result[kind]["other_cores"] >= 0
+        # Measured wherever /proc/stat is readable; None only where it is not.
+        assert isinstance(result[kind]["other_cores"], float) \
+            == os.access("/proc/stat", os.R_OK)
 
     # Same model up to torch.nn.Transformer's final encoder/decoder LayerNorms.
     assert result["keras"]["num_parameters"] == config.num_parameters()

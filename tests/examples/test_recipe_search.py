@@ -232,7 +232,7 @@ def test_run_trains_each_candidate_as_its_config_file_says_on_validation_only(
         # The settings `train` resolves from this command line...
         args = parser.parse_args(command[3:])
         assert args.func.__module__ == "keras_transformer.commands.train"
-        resolved = settings_lib.resolve(*settings_lib.given_from_args(args)).to_dict()
+        resolved = settings_lib.merge_settings(*settings_lib.given_from_args(args)).to_dict()
         # ...are the search's own (its budget, validation only, no export, one
         # folder per candidate)...
         by_search = {"train_steps": 123, "eval_split": "valid", "export_dir": "",
@@ -255,14 +255,14 @@ def test_the_table_names_the_differences_the_config_files_have(search, tmp_path,
     baseline = SEARCH_CONFIGS / f"{_default_baseline(search, monkeypatch, tmp_path)}.toml"
     assert baseline.is_file()
     base_job, base_model = _file_settings(baseline)
-    base = settings_lib.resolve(config_file=str(baseline)).to_dict()
+    base = settings_lib.merge_settings(config_file=str(baseline)).to_dict()
     documented = {row["candidate"]: row["differs from the baseline"]
                   for row in _table_rows()}
     for config in _candidates():
         job, model = _file_settings(config)
         # The table hides these settings (the search sets them): no file may set one.
         assert not set(job) & search._IGNORED, config
-        resolved = settings_lib.resolve(config_file=str(config)).to_dict()
+        resolved = settings_lib.merge_settings(config_file=str(config)).to_dict()
         # Candidates compare recipes: same preset, same corpus.
         assert (resolved["preset"], resolved["data"]) == (base["preset"], base["data"])
 
@@ -317,8 +317,8 @@ def test_the_multi30k_config_is_the_search_candidate_it_names_with_its_validatio
     winner_file = SEARCH_CONFIGS / f"{winner['candidate']}.toml"
     final_job, final_model = _file_settings(FINAL_CONFIG)
     winner_job, winner_model = _file_settings(winner_file)
-    final = settings_lib.resolve(config_file=str(FINAL_CONFIG)).to_dict()
-    chosen = settings_lib.resolve(config_file=str(winner_file)).to_dict()
+    final = settings_lib.merge_settings(config_file=str(FINAL_CONFIG)).to_dict()
+    chosen = settings_lib.merge_settings(config_file=str(winner_file)).to_dict()
     # Each file is read as it is written...
     assert {name: final[name] for name in final_job} == final_job
     assert {name: chosen[name] for name in winner_job} == winner_job

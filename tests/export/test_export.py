@@ -17,18 +17,14 @@ import types
 import keras
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
 
 from exported_model import ALPHA, BEAM_SIZE, LONG_INPUT, MAX_EXTRA, MAX_LENGTH
 from exported_model import export, loaded  # noqa: F401 (fixtures)
-from keras_transformer.export.saved_model import (
-    BEAM_SIGNATURE,
-    GREEDY_SIGNATURE,
-    export_saved_model,
-    forbidden_ops,
-    next_version,
-    saved_model_ops,
-)
+from keras_transformer.export.op_audit import forbidden_ops, saved_model_ops
+from keras_transformer.export.saved_model import (BEAM_SIGNATURE, GREEDY_SIGNATURE,
+                                                  export_saved_model, next_version)
 from keras_transformer.model.transformer import quantized, with_dtype
 from keras_transformer.inference.translator import Translator
 
@@ -177,13 +173,15 @@ def test_scores_are_length_normalised_log_probabilities(export, loaded):
     np.testing.assert_allclose(served[0], keras.ops.convert_to_numpy(scores)[0], rtol=1e-4)
     # Independently: log P(Y) of the output under one teacher-forced model call,
     # over GNMT's ((5 + |Y|) / 6) ** alpha written out (|Y| counts EOS if generated).
-    config, tokenizer = translator.model.config, translator.tokenizer
+    config = translator.model.config
+    processor = sentencepiece.SentencePieceProcessor(
+        model_proto=translator.tokenizer.model_proto)
     for signature, beam_size in ((BEAM_SIGNATURE, BEAM_SIZE), (GREEDY_SIGNATURE, 1)):
         (text,), (score,) = _call(loaded, [sentence], signature)
         (ours,), (record,) = translator.translate([sentence], beam_size=beam_size,
                                                   alpha=ALPHA, return_attention=True)
         assert ours == text
-        output = [tokenizer.token_to_id(piece) for piece in record["target_tokens"]]
+        output = [processor.piece_to_id(piece) for piece in record["target_tokens"]]
         logits = keras.ops.convert_to_numpy(translator.model(
             {"source_ids": np.array([ids], "int32"),
              "target_ids": np.array([[config.bos_id] + output[:-1]], "int32")},

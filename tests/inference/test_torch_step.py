@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.inference import decoding
+from keras_transformer.inference import decoding, steps
 from keras_transformer.model.transformer import build_model, quantized
 
 torch_only = pytest.mark.skipif(keras.backend.backend() != "torch",
@@ -41,8 +41,8 @@ def _run_steps(model, plain, beam_size=2):
     import torch
 
     source = _sources()
-    next_fn, cache = decoding.make_step_fn(model, source, buffer_length=STEPS,
-                                           beam_size=beam_size, plain_torch=plain)
+    next_fn, cache = steps.make_step_fn(model, source, buffer_length=STEPS,
+                                        beam_size=beam_size, plain_torch=plain)
     rows = source.shape[0] * beam_size
     tokens = np.ones((rows, STEPS + 1), "int32")
     tokens[:, 1:] = np.random.default_rng(1).integers(3, VOCAB, (rows, STEPS))
@@ -70,10 +70,10 @@ def _teacher_forced_steps(model, beam_size=2):
     import torch
 
     source = _sources()
-    keras_fn, cache = decoding.make_step_fn(model, source, buffer_length=STEPS,
-                                            beam_size=beam_size, plain_torch=False)
-    plain_fn, _ = decoding.make_step_fn(model, source, buffer_length=STEPS,
-                                        beam_size=beam_size, plain_torch=True)
+    keras_fn, cache = steps.make_step_fn(model, source, buffer_length=STEPS,
+                                         beam_size=beam_size, plain_torch=False)
+    plain_fn, _ = steps.make_step_fn(model, source, buffer_length=STEPS,
+                                     beam_size=beam_size, plain_torch=True)
     rows = source.shape[0] * beam_size
     tokens = np.ones((rows, STEPS + 1), "int32")
     tokens[:, 1:] = np.random.default_rng(1).integers(3, VOCAB, (rows, STEPS))

@@ -17,7 +17,7 @@ from keras_transformer.inference import loading
 
 from keras_transformer.model import precision
 from keras_transformer.model.transformer import quantized, with_dtype
-from keras_transformer.model.precision import policy_scope, resolve
+from keras_transformer.model.precision import choose_precision, policy_scope
 
 # --- the policy "auto" picks -----------------------------------------------------------
 
@@ -65,7 +65,7 @@ def test_the_machine_is_named_by_its_gpu_else_its_cpu_and_cores(monkeypatch, tmp
 def test_auto_is_bf16_on_a_cpu_with_avx512_bf16_under_onednn_backends(
         monkeypatch, tmp_path, backend):
     _fake_cpu(monkeypatch, tmp_path, ZEN4_FLAGS)
-    chosen = resolve("auto", backend=backend)
+    chosen = choose_precision("auto", backend=backend)
     assert chosen.policy == "mixed_bfloat16" and chosen.mixed
     assert "avx512_bf16" in chosen.reason and backend in chosen.reason
 
@@ -73,14 +73,14 @@ def test_auto_is_bf16_on_a_cpu_with_avx512_bf16_under_onednn_backends(
 @pytest.mark.backend_independent  # plain Python: the backend is an argument
 def test_auto_takes_amx_bf16_too(monkeypatch, tmp_path):
     _fake_cpu(monkeypatch, tmp_path, "avx512f amx_bf16 amx_tile")
-    assert resolve("auto", backend="tensorflow").policy == "mixed_bfloat16"
+    assert choose_precision("auto", backend="tensorflow").policy == "mixed_bfloat16"
 
 
 @pytest.mark.backend_independent  # plain Python: the backend is an argument
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_auto_is_float32_on_a_cpu_without_bf16_instructions(monkeypatch, tmp_path, backend):
     _fake_cpu(monkeypatch, tmp_path, SKYLAKE_FLAGS)
-    chosen = resolve("auto", backend=backend)
+    chosen = choose_precision("auto", backend=backend)
     assert chosen.policy == "float32" and not chosen.mixed
     assert "no bf16 instructions" in chosen.reason and "slower" in chosen.reason
 
@@ -88,7 +88,7 @@ def test_auto_is_float32_on_a_cpu_without_bf16_instructions(monkeypatch, tmp_pat
 @pytest.mark.backend_independent  # plain Python: the backend is an argument
 def test_auto_is_float32_under_jax_whose_xla_cpu_gains_nothing(monkeypatch, tmp_path):
     _fake_cpu(monkeypatch, tmp_path, ZEN4_FLAGS)
-    chosen = resolve("auto", backend="jax")
+    chosen = choose_precision("auto", backend="jax")
     assert chosen.policy == "float32" and "XLA:CPU" in chosen.reason
 
 
@@ -98,22 +98,22 @@ def test_auto_is_float32_under_jax_whose_xla_cpu_gains_nothing(monkeypatch, tmp_
 def test_auto_on_a_gpu_follows_its_bf16_units(monkeypatch, tmp_path, gpu, policy):
     _fake_cpu(monkeypatch, tmp_path, SKYLAKE_FLAGS)  # the GPU decides, not the host CPU
     monkeypatch.setattr(precision, "gpu_bf16", lambda backend=None: gpu)
-    chosen = resolve("auto", backend="jax")
+    chosen = choose_precision("auto", backend="jax")
     assert chosen.policy == policy and gpu[0] in chosen.reason
 
 
 @pytest.mark.backend_independent  # plain Python: the backend is an argument
 def test_explicit_settings_are_taken_as_given(monkeypatch, tmp_path):
     _fake_cpu(monkeypatch, tmp_path, SKYLAKE_FLAGS)
-    assert resolve("none").policy == "float32"
-    assert resolve("mixed_bfloat16").policy == "mixed_bfloat16"  # even without the units
-    assert resolve("mixed_float16").reason == "--mixed-precision mixed_float16"
+    assert choose_precision("none").policy == "float32"
+    assert choose_precision("mixed_bfloat16").policy == "mixed_bfloat16"  # even without the units
+    assert choose_precision("mixed_float16").reason == "--mixed-precision mixed_float16"
     with pytest.raises(ValueError, match="mixed_precision must be one of .*received 'bf16'"):
-        resolve("bf16")
+        choose_precision("bf16")
 
 
 @pytest.mark.backend_independent  # plain Python: the backend is an argument
-def test_the_settings_offer_every_choice_of_resolve():
+def test_the_settings_offer_every_choice_of_choose_precision():
     from keras_transformer.training.settings import Settings
 
     field = Settings.__dataclass_fields__["mixed_precision"]
@@ -133,7 +133,8 @@ def test_policy_scope_restores_the_global_policy():
 
 # --- a bf16 model against the float32 model ------------------------------------------
 
-# bf16 keeps 8 significant bits: rounding a value costs at most 2**-9 of it.
+# bf16 keeps 8 significant bits: rounding a value to nearest costs at most
+# 2**-8 of it (half the spacing of bf16 values there), its unit roundoff.
 BF16_EPSILON = 2.0 ** -8
 
 
@@ -146,26 +147,64 @@ def _batch(config, rows=4, length=12, seed=0):
     return {"source_ids": source, "target_ids": target}
 
 
+def _bf16_product_rounding(inner_sizes=(16, 64, 128), seed=0):
+    """How far the backend's bf16 matrix product lands from the exact one, in BF16_EPSILONs.
+
+    The reference does not depend on the backend: the operands are bf16
+    values, whose products and sums float64 NumPy computes exactly (to
+    2**-52 of them). A kernel that sums in float32 and rounds its output to
+    nearest lands within half a bf16 spacing of it, 1.0 here (oneDNN on a
+    CPU with avx512_bf16 or AMX, XLA, PyTorch). One that truncates its float32
+    sum to bf16 lands within a whole spacing, 2.0, always towards zero:
+    TensorFlow's own CPU kernel, which runs where oneDNN has no bf16 product
+    (a CPU without AVX-512, e.g. an AMD EPYC of the Zen 3 generation).
+    Measured on outputs of at least 1/16 of the largest (where the float32
+    sum's own error is nothing against a bf16 spacing), at the reduction
+    lengths of the test's model (key_dim, d_model, d_ff).
+    """
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for inner in inner_sizes:
+        a, b = (keras.ops.cast(rng.normal(size=shape).astype("float32"), "bfloat16")
+                for shape in ((48, inner), (inner, 96)))
+        exact = (keras.ops.convert_to_numpy(keras.ops.cast(a, "float32")).astype("float64")
+                 @ keras.ops.convert_to_numpy(keras.ops.cast(b, "float32")).astype("float64"))
+        product = keras.ops.convert_to_numpy(
+            keras.ops.cast(keras.ops.matmul(a, b), "float32")).astype("float64")
+        large = np.abs(exact) >= np.abs(exact).max() / 16
+        # BF16_EPSILON of the power of two at or below each output: half its spacing.
+        unit = BF16_EPSILON * 2.0 ** np.floor(np.log2(np.abs(exact[large])))
+        worst = max(worst, float((np.abs(product - exact)[large] / unit).max()))
+    return worst
+
+
 def test_bf16_logits_are_the_float32_logits_within_bf16_rounding(tiny_config):
     """Mixed-bf16 and all-bf16 logits of the same weights against float32's.
 
     Tolerance: every matrix product rounds its operands to bf16 (relative
-    error up to 2**-9 each) and its output (the logits themselves are
-    rounded to bf16 before the float32 cast: 2**-9 of their size). Through
-    2 x 2 layers, each a few products with residual sums and LayerNorms that
-    renormalise, errors of independent roundings add up roughly as a random
-    walk: the logits' error stays a small multiple of BF16_EPSILON of their
-    scale. We allow 4 x BF16_EPSILON of the largest logit (1.6%) at any
-    position, and 1 x BF16_EPSILON on average; the argmax (what greedy
-    decoding takes) must agree where float32's top two logits are further
-    apart than that bound.
+    error up to BF16_EPSILON each) and its output, by `rounding`
+    BF16_EPSILONs at most: the backend's, measured by
+    `_bf16_product_rounding` (1 where the kernel rounds to nearest, 2 where
+    it truncates). The logits themselves are such a product's output,
+    rounded to bf16 before the float32 cast. Through 2 x 2 layers, each a few
+    products with residual sums and LayerNorms that renormalise (a
+    truncation's shrink towards zero included), errors of independent
+    roundings add up roughly as a random walk: the logits' error stays a
+    small multiple of `rounding * BF16_EPSILON` of their scale. We allow 4
+    of them of the largest logit at any position (1.6% where products round
+    to nearest), and 1 on average; the argmax (what greedy decoding takes)
+    must agree where float32's top two logits are further apart than twice
+    that bound, which must hold for a quarter of the positions at least (so
+    that the check is not empty).
     """
     config = tiny_config.replace(num_layers=2, d_model=64, d_ff=128, num_heads=4,
                                  key_dim=16, value_dim=16, vocab_size=300)
+    rounding = max(1.0, _bf16_product_rounding())
     model = build_model(config)
     batch = _batch(config)
     reference = keras.ops.convert_to_numpy(model(batch, training=False))
     scale = np.abs(reference).max()
+    bound = 4 * rounding * BF16_EPSILON * scale
     with policy_scope("mixed_bfloat16"):
         mixed = build_model(config)
     mixed.set_weights(model.get_weights())
@@ -173,11 +212,11 @@ def test_bf16_logits_are_the_float32_logits_within_bf16_rounding(tiny_config):
         logits = keras.ops.convert_to_numpy(candidate(batch, training=False))
         assert logits.dtype == np.float32, name  # the float32 logits layer
         error = np.abs(logits - reference)
-        assert 0 < error.max() <= 4 * BF16_EPSILON * scale, (name, error.max(), scale)
-        assert error.mean() <= BF16_EPSILON * scale, (name, error.mean(), scale)
+        assert 0 < error.max() <= bound, (name, error.max(), scale, rounding)
+        assert error.mean() <= rounding * BF16_EPSILON * scale, (name, error.mean(), scale)
         top2 = np.sort(reference, axis=-1)[..., -2:]
-        clear = (top2[..., 1] - top2[..., 0]) > 8 * BF16_EPSILON * scale
-        assert clear.sum() > 0.5 * clear.size
+        clear = (top2[..., 1] - top2[..., 0]) > 2 * bound
+        assert clear.sum() >= clear.size / 4
         np.testing.assert_array_equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
 
 

@@ -152,7 +152,7 @@ _JAX_DATA_PARALLEL = r"""
 import numpy as np
 import keras
 import keras_transformer as kt
-from keras_transformer.training.optimization import get_strategy, num_replicas
+from keras_transformer.training.strategy import get_strategy, num_replicas
 
 config = kt.TransformerConfig.preset("tiny", vocab_size=60, num_layers=1, d_model=32,
                                      num_heads=4, d_ff=64, dropout=0.0)

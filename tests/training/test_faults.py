@@ -86,8 +86,11 @@ def test_a_signal_inside_fit_finishes_the_update_backs_it_up_and_stops(tiny_conf
     import keras
 
     from keras_transformer import build_model
-    from keras_transformer.training.guard import (DivergenceRule, Outcome, RunGuard, StateSaver,
-                                             TrainingLog, WeightWriter)
+    from keras_transformer.training.checkpoints import StateSaver, WeightWriter
+    from keras_transformer.training.divergence import DivergenceRule
+    from keras_transformer.training.guard import RunGuard
+    from keras_transformer.training.log import TrainingLog
+    from keras_transformer.training.stops import Outcome
     from keras_transformer.training.optimization import compile_model
 
     inputs, target = _one_batch(tiny_config)
@@ -151,8 +154,10 @@ def test_a_second_signal_while_saving_exits_at_once_and_removes_the_partial_file
     script = textwrap.dedent(f"""
         import os, pathlib, signal
         from keras_transformer import runs
-        from keras_transformer.training.guard import (DivergenceRule, RunGuard, StateSaver,
-                                                 TrainingLog, WeightWriter)
+        from keras_transformer.training.checkpoints import StateSaver, WeightWriter
+        from keras_transformer.training.divergence import DivergenceRule
+        from keras_transformer.training.guard import RunGuard
+        from keras_transformer.training.log import TrainingLog
 
         run, writer = runs.RunFolder({str(tmp_path / "run")!r}), WeightWriter()
         guard = RunGuard(start_update=0, accumulation_steps=1, writer=writer,
@@ -257,8 +262,12 @@ def test_a_failed_weights_write_removes_its_partial_file_and_keeps_the_old_one(
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
+    # Other weights, whose bytes differ from the file's: the failed write must not leave them.
+    assert files.weights_bytes(model) == good
+    variable = model.weights[0]
+    variable.assign(np.zeros(tuple(variable.shape), dtype=variable.dtype))
+    assert files.weights_bytes(model) != good
     monkeypatch.setattr(os, "fsync", full)
-    model.get_weights()[0][...] = 0
     with pytest.raises(files.WriteError, match=r"^writing the backup failed: No space left on "
                                               r"device$") as caught:
         files.save_weights(model, path, what="writing the backup")
@@ -424,7 +433,7 @@ def _rows(rule, losses, every=5, start=0):
 
 @pytest.mark.backend_independent
 def test_divergence_rule_three_rows_above_twice_ln_v():
-    from keras_transformer.training.guard import DivergenceRule
+    from keras_transformer.training.divergence import DivergenceRule
 
     limit = 2 * np.log(500)  # 12.43
     rule = DivergenceRule(500)
@@ -453,8 +462,10 @@ def test_a_diverged_update_is_not_saved_and_fit_says_so(tiny_config, tmp_path):
     """The guard's order: the row's verdict comes before the saver, so the update that
     diverged writes no state; the ones before it did."""
     from keras_transformer import build_model
-    from keras_transformer.training.guard import (DivergenceRule, RunGuard, StateSaver,
-                                             TrainingLog, WeightWriter)
+    from keras_transformer.training.checkpoints import StateSaver, WeightWriter
+    from keras_transformer.training.divergence import DivergenceRule
+    from keras_transformer.training.guard import RunGuard
+    from keras_transformer.training.log import TrainingLog
     from keras_transformer.training.optimization import compile_model
 
     inputs, target = _one_batch(tiny_config)
@@ -622,7 +633,7 @@ def test_damaged_run_files_are_one_line_naming_the_file(tmp_path, capsys, name, 
 
 @pytest.mark.backend_independent
 def test_every_failed_write_is_said_by_one_function(tmp_path):
-    from keras_transformer.training.job import write_failure
+    from keras_transformer.training.stops import write_failure
 
     run = runs.RunFolder(tmp_path)
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "x.bin"))

@@ -63,21 +63,21 @@ def test_latest_state_prefers_the_newest_readable_file_and_sets_damaged_ones_asi
     (("inverse_sqrt", 4500), ("inverse_sqrt", 6500), None),  # budget-free: continues
 ])
 def test_a_run_continues_only_on_its_own_schedule(tmp_path, before, after, refused):
-    from keras_transformer.training import job
+    from keras_transformer.training.continuation import check_schedule
     from keras_transformer.training.settings import Settings, SettingsError
 
     run = runs.RunFolder(tmp_path)
     old = Settings(output_dir=str(tmp_path), lr_decay=before[0], train_steps=before[1])
     new = Settings(output_dir=str(tmp_path), lr_decay=after[0], train_steps=after[1])
     run.write_json(runs.SETTINGS_FILE, old.to_dict())
-    job._check_schedule(run, new)  # no state yet: a new run, any schedule
+    check_schedule(run, new)  # no state yet: a new run, any schedule
     run.checkpoint_dir.mkdir()
     _weights_file(run.checkpoint_path(200))
     if refused is None:
-        job._check_schedule(run, new)
+        check_schedule(run, new)
         return
     with pytest.raises(SettingsError, match=refused) as error:
-        job._check_schedule(run, new)
+        check_schedule(run, new)
     assert "Nothing was changed" in str(error.value) and "\n" not in str(error.value)
     assert json.loads(run.settings_file.read_text()) == old.to_dict()
 
@@ -263,13 +263,14 @@ def test_saved_settings_are_the_defaults_and_fixed_ones_cannot_change(tmp_path):
 
 @pytest.mark.backend_independent
 def test_tokens_per_update_do_not_depend_on_replicas_or_accumulation(shared_data, tmp_path):
-    from keras_transformer.data import prepared
-    from keras_transformer.training.optimization import plan_batches
+    from keras_transformer.data import preparation
+    from keras_transformer.training.strategy import plan_batches
 
     # Multi30k's validation pairs as the training split of a prepared corpus.
     folder = shared_data / "multi30k"
-    inputs = prepared.CorpusInputs("m30k-valid", train=(folder / "valid.en", folder / "valid.de"))
-    corpus = prepared.ensure_prepared(inputs, tmp_path / "prepared", vocab_size=500)
+    inputs = preparation.CorpusInputs("m30k-valid",
+                                      train=(folder / "valid.en", folder / "valid.de"))
+    corpus = preparation.ensure_prepared(inputs, tmp_path / "prepared", vocab_size=500)
     per_update = {}
     for replicas in (1, 2):
         for accumulation in (1, 4):
@@ -573,8 +574,11 @@ def test_log_rows_hold_the_training_loss_of_their_own_updates(tiny_config, tmp_p
     import tensorflow as tf
 
     from keras_transformer import build_model
-    from keras_transformer.training.guard import (DivergenceRule, RunGuard, StateSaver, TrainingLog,
-                                             Validator, WeightWriter)
+    from keras_transformer.training.checkpoints import StateSaver, WeightWriter
+    from keras_transformer.training.divergence import DivergenceRule
+    from keras_transformer.training.guard import RunGuard
+    from keras_transformer.training.log import TrainingLog
+    from keras_transformer.training.validation import Validator
     from keras_transformer.training.optimization import compile_model
 
     rng = np.random.default_rng(0)
@@ -615,7 +619,8 @@ def test_best_weights_hold_the_model_weights_only(tiny_config, tmp_path):
     import keras
 
     from keras_transformer import build_model
-    from keras_transformer.training.guard import Validator, WeightWriter
+    from keras_transformer.training.checkpoints import WeightWriter
+    from keras_transformer.training.validation import Validator
     from keras_transformer.training.optimization import compile_model
 
     class _Echo:  # a translator that returns the references: every BLEU is 100

@@ -180,23 +180,23 @@ def test_the_jobs_step_time_leaves_out_its_callbacks(tiny_config, tmp_path, monk
 
     from keras_transformer.training import job
 
-    from keras_transformer.training import guard
-    from keras_transformer.training.settings import resolve
+    from keras_transformer.training.settings import merge_settings
+    from keras_transformer.training.validation import Validator
 
-    validate = guard.Validator.validate
+    validate = Validator.validate
 
     def slow_validate(self, model, update):
         time.sleep(0.2)
         return validate(self, model, update)
 
-    monkeypatch.setattr(guard.Validator, "validate", slow_validate)
+    monkeypatch.setattr(Validator, "validate", slow_validate)
     model = kt.compile_model(kt.build_model(tiny_config))
     inputs, labels = random_pairs(tiny_config, num_pairs=16)
     train_ds = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(4).repeat()
     valid_ds = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(4)
-    settings = resolve(dict(preset="tiny", data="demo", output_dir=str(tmp_path), train_steps=5,
-                            validate_every=1, checkpoint_every=10**6,
-                            validation_bleu_sentences=0))
+    settings = merge_settings(dict(preset="tiny", data="demo", output_dir=str(tmp_path),
+                                   train_steps=5, validate_every=1, checkpoint_every=10**6,
+                                   validation_bleu_sentences=0))
     report = job.fit(model, runs.RunFolder(tmp_path), settings, train_ds, valid_ds,
                             start_update=0, tokens_per_update=40.0)
     assert report.outcome.kind == "finished" and report.outcome.update == 5

@@ -7,3 +7,7 @@ from keras_transformer.model.layers.masks import PaddingMask, causal_mask, paddi
 from keras_transformer.model.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.model.layers.positional_encoding import PositionalEncoding, sinusoid
 from keras_transformer.model.layers.stacks import TransformerDecoder, TransformerEncoder
+
+__all__ = ["DecoderLayer", "EncoderLayer", "MultiHeadAttention", "PaddingMask",
+           "PositionalEncoding", "SharedEmbedding", "TransformerDecoder", "TransformerEncoder",
+           "causal_mask", "padding_mask", "sinusoid"]

@@ -69,10 +69,12 @@ class SharedEmbedding(keras_hub.layers.ReversibleEmbedding):
         # The projection to logits multiplies in `reverse_dtype`, by default
         # the compute dtype: under mixed_bfloat16 bf16 operands (the products
         # are summed in float32 by oneDNN, XLA and torch), the logits rounded
-        # to bf16 and cast to float32 by the model before the softmax and the
-        # loss. Keras' own layer would multiply the bf16 inputs by the
-        # float32 matrix (embeddings are not autocast), i.e. in float32: a
-        # quarter of a `small` step's FLOPs at half the bf16 rate.
+        # to bf16 (truncated by TensorFlow's own CPU kernel, which runs where
+        # oneDNN has no bf16 product) and cast to float32 by the model before
+        # the softmax and the loss. Keras' own layer would multiply the bf16 inputs by the
+        # float32 matrix (embeddings are not autocast), i.e. in float32, a
+        # large share of a step's FLOPs (docs/bf16.md, "What runs in bf16
+        # and what stays float32", has the figures).
         dtype = self.reverse_dtype or self.compute_dtype
         kernel = ops.transpose(ops.cast(self.embeddings, dtype))
         return ops.matmul(ops.cast(inputs, dtype), kernel)

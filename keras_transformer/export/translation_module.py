@@ -1,0 +1,198 @@
+"""The `tf.Module` whose signatures a translation SavedModel serves.
+
+TF Serving (`tensorflow_model_server`) runs no Python, so the whole
+translation is one TensorFlow graph made of core ops and TensorFlow Text's
+SentencePiece ops (which the model server links): source ids
+(`Tokenizer.encode_source`: sanitise the UTF-8 -> tokenize -> truncate and
+append EOS) -> sort by length -> cached beam search (or greedy decoding) in
+chunks of similar length -> text (`Tokenizer.decode_output`: cut at EOS ->
+detokenize). The front end is `Translator`'s: the same two graph functions
+of the tokenizer, traced into the signatures. `TranslationModule` has two
+signatures, both `text` (`tf.string`, `(batch,)`) -> `translation`
+(`tf.string`, `(batch,)`) and `score` (`float32`, `(batch,)`):
+
+- `serving_default`: beam search (the paper's beam 4, alpha 0.6 by default);
+- `translate_greedy`: greedy decoding.
+
+`score` is the length-normalised log-probability `log P(Y) / lp(Y)` of the
+output (`keras_transformer.model.config.length_penalty`, the exported
+`alpha`, EOS counted), and 0 for an empty input.
+
+Input handling, in the graph (`Tokenizer.encode_source` and `decode_output`):
+
+- Bytes that are not valid UTF-8 are replaced by U+FFFD before tokenizing
+  (`tf.strings.unicode_transcode(..., errors="replace")`); the request is
+  answered, never rejected. Outputs are valid UTF-8 as well.
+- A sentence is truncated to `max_source_length` ids, EOS included (default
+  `config.max_length`, as `Translator` does): longer inputs lose their end
+  and are still answered, in the time of a `max_source_length`-id sentence.
+- An empty or all-whitespace sentence (whitespace as Python's `str.isspace`
+  defines it, as for `Translator`) translates to `""` with score 0 without
+  decoding; a batch of zero sentences gives zero outputs.
+
+Shapes: each signature holds one traced search, with a dynamic batch size
+and source width (`keras_transformer.inference.decoding` reads sizes with
+`ops.shape`; in this plain, uncompiled TensorFlow graph they are tensors,
+and the self-attention cache grows inside the search loop). The graph sorts
+the batch by length (as `Translator` does), drops the blank sentences, and
+decodes the rest in chunks of at most `batch_size` sentences (default 32),
+each cut to the width of its longest sentence, so a short request costs
+what its own sentences cost. Padding rows and columns do not change any
+sentence's output. No static shape is needed: earlier exports
+(`export_options.json` without `format_version`) traced one search per
+(batch bucket, width bucket) pair behind a `tf.switch_case`, 12 per
+signature, a larger graph that took longer to export and to load and was
+no faster; `examples/benchmark_export.py` compares two checkouts' exports,
+and the current export's size, load time and speed are in docs/results.md
+("Export size, load and first request").
+
+The searches are traced uncompiled (no `jit_compile`), since the stock model
+server does not run XLA clusters by default; their buffer updates then use
+the core op `TensorStridedSliceUpdate` rather than the XLA-only
+`XlaDynamicUpdateSlice` (`keras_transformer.model.layers.updates.slice_update`);
+`keras_transformer.export.op_audit` checks the exported graph.
+"""
+
+import tensorflow as tf
+
+from keras_transformer import names
+
+BEAM_SIGNATURE = names.BEAM_SIGNATURE
+GREEDY_SIGNATURE = names.GREEDY_SIGNATURE
+INPUT_NAME = names.INPUT_NAME
+DEFAULT_BATCH_SIZE = 32
+
+__all__ = ["BEAM_SIGNATURE", "DEFAULT_BATCH_SIZE", "GREEDY_SIGNATURE", "TranslationModule"]
+
+
+class _Untracked:
+    """Holds an object out of `tf.Module`'s attribute tracking."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class TranslationModule(tf.Module):
+    """A `tf.Module` with the translation signatures of a model and a tokenizer.
+
+    Args:
+        model: a `keras_transformer.Transformer` built under the TensorFlow
+            backend.
+        tokenizer: a `keras_transformer.data.Tokenizer`.
+        options: the `DecodingOptions` of `serving_default` (its beam size,
+            at least 2, alpha and length limit); `translate_greedy` is the
+            same with beam size 1.
+        max_source_length: source ids kept per sentence, EOS included.
+        batch_size: sentences decoded at once; a larger request is decoded
+            in chunks of this many (longest first).
+        tokenizer_file: the SentencePiece model file, tracked as the
+            SavedModel's asset (`assets/spm.model`); `None` for none.
+        name: the `tf.Module`'s name.
+
+    Example:
+
+    >>> module = TranslationModule(model, tokenizer, DecodingOptions(),
+    ...                            max_source_length=256)
+    >>> module.signatures()[BEAM_SIGNATURE](text=tf.constant(["Hello."]))["translation"]
+    """
+
+    def __init__(self, model, tokenizer, options, *, max_source_length,
+                 batch_size=DEFAULT_BATCH_SIZE, tokenizer_file=None, name="translation"):
+        super().__init__(name=name)
+        config = model.config
+        # Not tracked as a Keras object (only its variables are saved): the
+        # SavedModel holds the translation functions, not Keras' own endpoints.
+        self._untracked = _Untracked(model)
+        self.tokenizer = tokenizer
+        # Keras variables, tracked so that the SavedModel holds them.
+        self.model_variables = list(model.variables)
+        if tokenizer_file is not None:
+            self.tokenizer_model = tf.saved_model.Asset(str(tokenizer_file))
+        self._config = config
+        self._options = options
+        self._max_source_length = max_source_length
+        self._batch_size = batch_size
+        self._output_width = self._buffer_length(max_source_length)
+        spec = [tf.TensorSpec([None], tf.string, name=INPUT_NAME)]
+        # Out of attribute tracking: saved once, as signatures (tracked
+        # tf.functions would be traced a second time by `tf.saved_model.save`).
+        self._functions = _Untracked({
+            BEAM_SIGNATURE: tf.function(lambda text: self._translate(text, options.beam_size),
+                                        input_signature=spec, autograph=False),
+            GREEDY_SIGNATURE: tf.function(lambda text: self._translate(text, 1),
+                                          input_signature=spec, autograph=False),
+        })
+
+    def signatures(self):
+        """`{name: concrete function}` of both signatures (traced on first call)."""
+        return {name: function.get_concrete_function()
+                for name, function in self._functions.value.items()}
+
+    def _buffer_length(self, width):
+        length = width + self._options.max_extra_length
+        if self._config.position_embedding == "learned":
+            length = min(length, self._config.max_length)
+        return max(length, 1)
+
+    # --- pieces of the graph ---------------------------------------------------
+
+    def _encode(self, text):
+        """Strings -> int32 `(batch, max_source_length)` ids (pad-filled) and their lengths.
+
+        `Tokenizer.encode_source`, as `Translator` encodes: a blank sentence
+        has length 0.
+        """
+        ids = self.tokenizer.encode_source(text, self._max_source_length)
+        lengths = tf.cast(ids.row_lengths(), tf.int32)
+        ids = ids.to_tensor(default_value=self._config.pad_id,
+                            shape=[None, self._max_source_length])
+        return ids, lengths
+
+    def _search(self, source_ids, beam_size):
+        """int32 (b, w) ids, both sizes dynamic -> (b, output width) tokens, (b,) scores."""
+        from keras_transformer.inference.decoding import decode
+
+        options = self._options.replace(beam_size=beam_size)
+        tokens, scores = decode(self._untracked.value, source_ids, options, jit_compile=False)
+        tokens = tf.convert_to_tensor(tokens)
+        pad = self._output_width - tf.shape(tokens)[1]
+        tokens = tf.pad(tokens, [[0, 0], [0, pad]], constant_values=self._config.pad_id)
+        return tf.ensure_shape(tokens, [None, self._output_width]), tf.convert_to_tensor(scores)
+
+    def _translate(self, text, beam_size):
+        config = self._config
+        text = tf.convert_to_tensor(text, tf.string)
+        ids, lengths = self._encode(text)
+        count = tf.shape(text)[0]
+        # Longest first (stable), as Translator does: chunks of similar length.
+        # Blank rows (length 0) come last and are not decoded.
+        order = tf.argsort(-lengths, stable=True)
+        ids, lengths_sorted = tf.gather(ids, order), tf.gather(lengths, order)
+        todo = tf.reduce_sum(tf.cast(lengths > 0, tf.int32))
+        chunk = self._batch_size
+        num_chunks = (todo + chunk - 1) // chunk
+        output_width = self._output_width
+
+        def body(i, all_tokens, all_scores):
+            start = i * chunk
+            end = tf.minimum(start + chunk, todo)
+            # The chunk cut to its longest sentence: one search, any shape.
+            tokens, scores = self._search(ids[start:end, :lengths_sorted[start]], beam_size)
+            return (i + 1, tf.concat([all_tokens, tokens], 0),
+                    tf.concat([all_scores, scores], 0))
+
+        _, tokens, scores = tf.while_loop(
+            lambda i, *_: i < num_chunks, body,
+            (tf.constant(0), tf.zeros([0, output_width], tf.int32), tf.zeros([0], tf.float32)),
+            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None, output_width]),
+                              tf.TensorShape([None])))
+        tokens = tf.concat([tokens, tf.fill([count - todo, output_width], config.pad_id)], 0)
+        scores = tf.concat([scores, tf.zeros([count - todo], tf.float32)], 0)
+        inverse = tf.math.invert_permutation(order)
+        tokens, scores = tf.gather(tokens, inverse), tf.gather(scores, inverse)
+
+        # As Translator answers: cut at EOS, pad/BOS dropped, detokenized, valid
+        # UTF-8 (a blank sentence's all-pad row gives "").
+        translation = self.tokenizer.decode_output(tokens)
+        return {"translation": tf.ensure_shape(translation, [None]),
+                "score": tf.ensure_shape(tf.cast(scores, tf.float32), [None])}
