@@ -118,6 +118,8 @@ BACKEND_INDEPENDENT_MODULES = {
     # Where each shared name and default comes from (names.py), and that the
     # quantization modes agree; quantizing per backend is test_quantization.py.
     "test_names.py",
+    # the package layout, read from the source with ast.
+    "test_layout.py",
     # Prepared corpora: SentencePiece, TFRecord shards, tf.data streaming, and
     # the prepare / train commands in subprocesses.
     "test_data_prepared.py",

@@ -495,27 +495,29 @@ def test_a_diverging_learning_rate_stops_the_run_exports_nothing_and_sets_states
         corpus, tmp_path):
     run_dir = tmp_path / "run"
     export_dir = tmp_path / "saved_models"
-    # float32: in bf16 (the default on CPUs with bf16 units) this learning rate makes the
-    # loss NaN by update 11, which stops the run by the other rule ("the loss is not finite").
+    # A log row every 2 updates, so the rule (3 rows in a row) decides at update 6:
+    # this learning rate makes the loss NaN later (update 11 in bf16, 13 in float32 on
+    # some CPUs), which would stop the run by the other rule ("the loss is not finite").
     output = _train(corpus, run_dir, "--train-steps", "200", "--learning-rate-factor", "1e6",
+                    "--log-every", "2", "--checkpoint-every", "4",
                     "--export-dir", str(export_dir), "--mixed-precision", "none", expect=1)
     assert "Traceback" not in output
     line = _last_line(output)
     with open(run_dir / runs.ROLLED_BACK_LOG_FILE, newline="") as handle:
         rows = [(int(r["step"]), float(r["loss"])) for r in csv.DictReader(handle)]
-    # The rule: 3 rows (every 5 updates) above 2 ln 500; this learning rate is
-    # past it in the first row (the loss of a fresh model is about ln 500 = 6.2).
-    assert [step for step, _ in rows] == [5, 10, 15]
+    # The rule: 3 logged rows above 2 ln 500; this learning rate is past it in
+    # the first row (the loss of a fresh model is about ln 500 = 6.2).
+    assert [step for step, _ in rows] == [2, 4, 6]
     assert all(loss > 2 * np.log(500) for _, loss in rows)
     assert line == (
-        f"keras-transformer train: error: training diverged at update 15: loss "
+        f"keras-transformer train: error: training diverged at update 6: loss "
         f"{rows[-1][1]:.4g}, above 12.4 (2 x ln 500) for 3 logged updates in a row; no "
         "state was written before it, and what was written after update 0 is set aside in "
         "rolled_back/. Nothing was exported. Lower --learning-rate-factor and run again to "
         "start again from update 0, or turn this check off with --no-divergence-check")
     assert not export_dir.exists() and not (run_dir / runs.MODEL_FILE).exists()
     assert not (run_dir / runs.RESULTS_FILE).exists()
-    assert (run_dir / "checkpoints" / "rolled_back" / "ckpt-10.weights.h5").is_file()
+    assert (run_dir / "checkpoints" / "rolled_back" / "ckpt-4.weights.h5").is_file()
     assert runs.RunFolder(run_dir).state_files() == []
 
 
