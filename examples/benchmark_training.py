@@ -770,7 +770,7 @@ def resolve_config(preset, **overrides):
     name = "_benchmark_transformer_config"
     module = sys.modules.get(name)
     if module is None:
-        path = os.path.join(REPO_ROOT, "keras_transformer", "config.py")
+        path = os.path.join(REPO_ROOT, "keras_transformer", "model", "config.py")
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
