@@ -2,8 +2,8 @@
 
 Public names are imported on first use (PEP 562), so that the
 `keras-transformer` command can set up TensorFlow's logging before Keras
-and TensorFlow load, and `keras_transformer.model.config` or `.settings` can be
-read without importing them at all.
+and TensorFlow load, and `keras_transformer.model.config` or
+`keras_transformer.training.settings` can be read without importing them at all.
 """
 
 import importlib
@@ -29,24 +29,29 @@ def _version():
 __version__ = _version()
 
 _EXPORTS = {
+    # model/
     "keras_transformer.model.config": ["DecodingOptions", "TransformerConfig", "length_penalty"],
-    "keras_transformer.inference.decoding": ["beam_search", "decode", "greedy_decode"],
     "keras_transformer.model.layers": ["DecoderLayer", "EncoderLayer", "MultiHeadAttention",
-                                 "PaddingMask", "PositionalEncoding", "SharedEmbedding",
-                                 "TransformerDecoder", "TransformerEncoder"],
+                                       "PaddingMask", "PositionalEncoding", "SharedEmbedding",
+                                       "TransformerDecoder", "TransformerEncoder"],
     "keras_transformer.model.losses": ["LabelSmoothedCrossEntropy", "MaskedAccuracy"],
-    "keras_transformer.model.transformer": ["Transformer", "build_model", "quantized", "with_dtype"],
-    "keras_transformer.training.plotting": ["plot_attention", "plot_training"],
     "keras_transformer.model.schedules": ["TransformerSchedule"],
+    "keras_transformer.model.transformer": ["Transformer", "build_model", "quantized",
+                                            "with_dtype"],
+    # the run folder
     "keras_transformer.runs": ["list_checkpoints"],
-    "keras_transformer.training.optimization": ["build_training_model", "compile_model",
-                                                "optimizer_updates", "paper_optimizer"],
+    # training/
     "keras_transformer.training.averaging": ["average_checkpoints"],
     "keras_transformer.training.measurement": ["TrainingTimer", "peak_memory_mib"],
+    "keras_transformer.training.optimization": ["build_training_model", "compile_model",
+                                                "optimizer_updates", "paper_optimizer"],
+    "keras_transformer.training.plotting": ["plot_attention", "plot_training"],
+    # inference/
+    "keras_transformer.inference.decoding": ["beam_search", "decode", "greedy_decode"],
     "keras_transformer.inference.evaluation": ["BleuResult", "evaluate_bleu", "evaluate_run",
-                                     "score_translations"],
+                                               "score_translations"],
     "keras_transformer.inference.translator": ["Translator"],
-    # TensorFlow-only.
+    # export/ (TensorFlow-only)
     "keras_transformer.export.saved_model": ["export_saved_model"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
