@@ -120,6 +120,9 @@ BACKEND_INDEPENDENT_MODULES = {
     "test_names.py",
     # the package layout, read from the source with ast.
     "test_layout.py",
+    # files.py: atomic writes, appends, staged folders, weights made in memory
+    # (file I/O around Keras' own saving; nothing in it depends on the backend).
+    "test_files.py",
     # Prepared corpora: SentencePiece, TFRecord shards, tf.data streaming, and
     # the prepare / train commands in subprocesses.
     "test_data_prepared.py",
