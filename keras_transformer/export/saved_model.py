@@ -11,8 +11,13 @@ renamed into place.
 
 It is written in TF Serving's layout `<base>/<model_name>/<version>/`
 (`saved_model.pb`, `variables/`, `assets/spm.model`), into a hidden staging
-folder first and renamed into place (`files.replace_with_staged`), so a
-model server watching `<base>` never loads a half-written version.
+folder first and renamed into place, so a model server watching `<base>`
+never loads a half-written version. A version folder, once there, is never
+replaced (unless `overwrite` asks for it): the version number of an export
+without `version` is chosen when the finished export is renamed into place,
+under a lock on `<base>/<model_name>` (`.publish.lock`), so exports that run
+at the same time, of one run or of several, each get a version of their own
+(`publish_version`).
 
 Training backend: the export always runs under the TensorFlow backend. A
 model trained under JAX or PyTorch is exported from its weights, which are
@@ -49,7 +54,8 @@ from keras_transformer.export.op_audit import forbidden_ops, saved_model_ops
 from keras_transformer.export.translation_module import (BEAM_SIGNATURE, DEFAULT_BATCH_SIZE,
                                                          GREEDY_SIGNATURE, TranslationModule)
 from keras_transformer.export.warmup import write_warmup_requests
-from keras_transformer.files import WriteError, replace_with_staged, save_weights, staging_dir
+from keras_transformer.files import (WriteError, file_lock, replace_with_staged, save_weights,
+                                     staging_dir)
 from keras_transformer.inference.loading import check_run, load_run, resolve_weights
 from keras_transformer.model.config import DecodingOptions
 from keras_transformer.model.transformer import (DECODING_DTYPES, QUANTIZATION_MODES, quantized,
@@ -63,7 +69,7 @@ EXPORT_FORMAT_VERSION = 2
 TOKENIZER_ASSET = names.TOKENIZER_FILE
 
 __all__ = ["BEAM_SIGNATURE", "DEFAULT_BASE", "DEFAULT_MODEL_NAME", "GREEDY_SIGNATURE",
-           "export_from_run", "export_saved_model", "next_version"]
+           "export_from_run", "export_saved_model", "next_version", "publish_version"]
 
 
 # --- version folders -------------------------------------------------------------
@@ -76,8 +82,14 @@ def next_version(model_dir):
     return max(versions, default=0) + 1
 
 
-def _version_dir(export_dir, model_name, version, overwrite):
-    """`(model_dir, version, target)` of an export; `version` None is the next one.
+PUBLISH_LOCK = ".publish.lock"
+
+
+def _check_version(export_dir, model_name, version, overwrite):
+    """`(model_dir, version)` of an export, checked before it is written.
+
+    `version` None stays None: the next free version is chosen when the
+    export is renamed into place (`publish_version`).
 
     Raises:
         ValueError: a model name that is not a plain folder name, or a version
@@ -87,15 +99,50 @@ def _version_dir(export_dir, model_name, version, overwrite):
     if not model_name or "/" in model_name or model_name in (".", ".."):
         raise ValueError(f"model_name must be a plain folder name, received {model_name!r}")
     model_dir = pathlib.Path(export_dir) / model_name
-    if version is None:
-        version = next_version(model_dir)
-    if not isinstance(version, int) or version < 1:
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)
+                                or version < 1):
         raise ValueError(f"version must be a positive integer, received {version!r}")
-    target = model_dir / str(version)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} already exists; pass another version, or "
-                              "overwrite=True (--overwrite) to replace it")
-    return model_dir, version, target
+    if version is not None and (model_dir / str(version)).exists() and not overwrite:
+        raise FileExistsError(f"{model_dir / str(version)} already exists; pass another "
+                              "version, or overwrite=True (--overwrite) to replace it")
+    return model_dir, version
+
+
+def publish_version(staged, model_dir, version=None, overwrite=False):
+    """Renames a finished export `staged` to `<model_dir>/<version>`; returns that path.
+
+    Under an exclusive lock on `model_dir` (`.publish.lock`), so that two
+    exports never take the same number: `version` None takes the next free
+    one at this moment. A version folder that exists is never replaced
+    unless `overwrite` is true.
+
+    Args:
+        staged: the complete SavedModel folder, inside a `staging_dir` of
+            `model_dir`.
+        model_dir: `<base>/<model_name>`.
+        version: the version asked for, or None for the next free one.
+        overwrite: replace `<model_dir>/<version>` if it exists.
+
+    Raises:
+        FileExistsError: `version` exists (another export took it while this
+            one was written) and `overwrite` is false; nothing is replaced.
+    """
+    with file_lock(model_dir / PUBLISH_LOCK,
+                   waiting=f"Waiting for another export into {model_dir} ..."):
+        if version is None:
+            version = next_version(model_dir)
+        target = model_dir / str(version)
+        if target.exists() or target.is_symlink():
+            if not overwrite:
+                raise FileExistsError(
+                    f"{target} was written by another export while this one ran; this "
+                    "export is not kept (nothing was replaced): run it again without "
+                    "--version for the next free version, or with --overwrite")
+            return replace_with_staged(staged, target)
+        # Nothing is at `target` and every exporter holds the lock: a plain
+        # rename, which never replaces a version folder.
+        os.rename(staged, target)
+        return target
 
 
 # --- export ----------------------------------------------------------------------
@@ -147,8 +194,10 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         export_dir: the model server's base folder (default `saved_models`).
         model_name: the model's folder name, which is the name clients use
             (`/v1/models/<model_name>:predict`).
-        version: the version folder (a positive integer); default one more
-            than the largest existing version, or 1.
+        version: the version folder (a positive integer), refused if it
+            exists; default one more than the largest existing version (or
+            1), taken when the export is complete (`publish_version`), so
+            that exports at the same time never share one.
         beam_size: beam width of `serving_default` (at least 2); default
             the translator's `options` (the paper's 4).
         alpha: length penalty of the beam search and of both scores; default
@@ -170,7 +219,7 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             SavedModel runs on any CPU; without bf16 instructions
             (avx512_bf16, amx_bf16) it is slower than float32 (figures:
             docs/bf16.md).
-        overwrite: replace an existing version folder.
+        overwrite: replace an existing version folder (never done otherwise).
         verbose: print what is written.
 
     Returns:
@@ -193,7 +242,7 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
     dtype = dtype or (model_dtype if model_dtype in DECODING_DTYPES else "float32")
     options = _resolve_options(model.config, decoding, max_source_length, batch_size,
                                quantize, dtype)
-    model_dir, version, target = _version_dir(export_dir, model_name, version, overwrite)
+    model_dir, version = _check_version(export_dir, model_name, version, overwrite)
     already = getattr(model.target_embedding, "quantization_mode", None)
     if already and quantize:
         raise ValueError(f"the translator's model is quantized already ({already}); "
@@ -212,16 +261,20 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
 
     # A hidden (non-numeric) folder: TF Serving ignores it until the rename;
     # a killed export's is removed by the next export into model_dir.
+    name = model_dir / (str(version) if version is not None else "<next version>")
     try:
-        with staging_dir(model_dir, str(version)) as staging:
-            _write_version(staging, target, model, tokenizer, decoding, options, dtype,
-                           model_dtype, quantize, already, model_name)
+        with staging_dir(model_dir, str(version or "next")) as staging:
+            target = _write_version(staging, model_dir, version, overwrite, model, tokenizer,
+                                    decoding, options, dtype, model_dtype, quantize, already,
+                                    model_name)
+    except FileExistsError:
+        raise  # the version was taken meanwhile: `publish_version`'s line
     except (OSError, tf.errors.OpError) as error:
         # A full disk, a lost mount: one line naming the export; the staging
         # folder is gone, so no half-written version is left. A file of the
         # staging folder that failed (the warm-up requests) is the export's.
         cause = _as_os_error(error.error if isinstance(error, WriteError) else error)
-        raise WriteError(target, cause, f"writing the SavedModel {target}") from error
+        raise WriteError(name, cause, f"writing the SavedModel {name}") from error
     if verbose:
         weights = quantize or already or (dtype if dtype != "float32" else None)
         weights = f", {weights} weights" if weights else ""
@@ -257,9 +310,9 @@ def _export_through_tensorflow(model, tokenizer, export_dir, **arguments):
                                      **arguments)
 
 
-def _write_version(staging, target, model, tokenizer, decoding, options, dtype, model_dtype,
-                   quantize, already, model_name):
-    """Writes the SavedModel in `staging`, then renames it to `target`."""
+def _write_version(staging, model_dir, version, overwrite, model, tokenizer, decoding, options,
+                   dtype, model_dtype, quantize, already, model_name):
+    """Writes the SavedModel in `staging`, then publishes it (`publish_version`); returns its path."""
     asset_source = staging / "_asset_source"
     asset_source.mkdir()
     asset_file = asset_source / TOKENIZER_ASSET
@@ -284,7 +337,7 @@ def _write_version(staging, target, model, tokenizer, decoding, options, dtype, 
     # TF Serving replays these requests when it loads the version: a few
     # lengths per signature at batch 1 and at batch_size.
     write_warmup_requests(out, model_name=model_name)
-    replace_with_staged(out, target)
+    return publish_version(out, model_dir, version, overwrite)
 
 
 def _as_os_error(error):
@@ -316,11 +369,17 @@ def _export_in_subprocess(run_dir, export_dir, **options):
     if spec.get("weights") is not None:
         spec["weights"] = str(spec["weights"])
     verbose = options.get("verbose", False)
-    # stdout (what `verbose` prints) passes through; stderr is kept for the error.
-    result = subprocess.run([sys.executable, "-m", "keras_transformer.export.saved_model"],
-                            input=json.dumps(spec), env=env, text=True,
-                            stdout=None if verbose else subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    with tempfile.TemporaryDirectory(prefix="kt_export_result_") as tmp:
+        # The child writes the version folder it published here (the version
+        # is chosen when the export is renamed into place).
+        spec[_RESULT_KEY] = str(pathlib.Path(tmp) / "result.json")
+        # stdout (what `verbose` prints) passes through; stderr is kept for the error.
+        result = subprocess.run([sys.executable, "-m", "keras_transformer.export.saved_model"],
+                                input=json.dumps(spec), env=env, text=True,
+                                stdout=None if verbose else subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        published = (json.loads(pathlib.Path(spec[_RESULT_KEY]).read_text())
+                     if result.returncode == 0 else None)
     lines = result.stderr.strip().splitlines()
     if result.returncode == _WRITE_ERROR_STATUS:  # the child's WriteError, as JSON
         failed = json.loads(lines[-1])
@@ -332,7 +391,7 @@ def _export_in_subprocess(run_dir, export_dir, **options):
     if result.returncode != 0:
         raise RuntimeError(f"export under the TensorFlow backend failed (exit "
                            f"{result.returncode}):\n{result.stderr[-4000:]}")
-    return pathlib.Path(export_dir) / options["model_name"] / str(options["version"])
+    return pathlib.Path(published["path"])
 
 
 def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
@@ -358,7 +417,10 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             a `.weights.h5` path.
         beam_size, alpha, max_source_length, max_extra_length, batch_size,
             quantize, dtype, overwrite, verbose: as in
-            `export_saved_model` (decoding defaults: `DecodingOptions`').
+            `export_saved_model`, except that `beam_size`, `alpha` and
+            `max_extra_length` default (`None`) to the run's: its
+            `settings.json`, else the paper's `DecodingOptions()`
+            (`loading.run_decoding`).
 
     Returns:
         The `pathlib.Path` of the written version folder.
@@ -377,18 +439,20 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
     if weights is not None:
         weights = resolve_weights(run_dir, str(weights))
     if keras.backend.backend() != "tensorflow":
-        _, version, _ = _version_dir(export_dir, model_name, version, overwrite)
+        _check_version(export_dir, model_name, version, overwrite)
         return _export_in_subprocess(
             run_dir, export_dir, model_name=model_name, version=version,
             overwrite=overwrite, verbose=verbose, beam_size=beam_size, alpha=alpha,
             max_source_length=max_source_length, max_extra_length=max_extra_length,
             batch_size=batch_size, quantize=quantize, dtype=dtype, weights=weights)
 
+    from keras_transformer.inference.loading import run_decoding
     from keras_transformer.inference.translator import Translator
 
     model, tokenizer = load_run(run_dir, weights)
-    decoding = DecodingOptions().replace(beam_size=beam_size, alpha=alpha,
-                                         max_extra_length=max_extra_length)
+    # What is not given is the run's settings.json, else the paper's.
+    decoding = run_decoding(run_dir, beam_size=beam_size, alpha=alpha,
+                            max_extra_length=max_extra_length).options
     translator = Translator(model, tokenizer, decoding)
     return export_saved_model(
         translator, export_dir, model_name=model_name, version=version,
@@ -398,11 +462,15 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
 
 _RUN_ERROR_STATUS = 3
 _WRITE_ERROR_STATUS = 4
+_RESULT_KEY = "_result_file"
 
 if __name__ == "__main__":
     # `_export_in_subprocess`: export_from_run's arguments as JSON on stdin.
     try:
-        export_from_run(**json.loads(sys.stdin.read()))
+        arguments = json.loads(sys.stdin.read())
+        result_file = arguments.pop(_RESULT_KEY)
+        path = export_from_run(**arguments)
+        pathlib.Path(result_file).write_text(json.dumps({"path": str(path)}))
     except WriteError as error:  # a full disk, a lost mount: the parent raises it again
         sys.stderr.write(json.dumps({"path": str(error.path), "what": error.what,
                                      "reason": error.reason}) + "\n")

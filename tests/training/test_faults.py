@@ -422,6 +422,64 @@ def test_a_full_disk_during_the_export_leaves_no_version_and_the_rerun_finishes(
     assert json.loads((run_dir / runs.RESULTS_FILE).read_text())["final_step"] == 10
 
 
+# --- two exports at once -------------------------------------------------------------------
+
+
+def _complete_version(folder):
+    """Whether `folder` holds a whole SavedModel export (what TF Serving loads)."""
+    return all((folder / name).exists() for name in (
+        "saved_model.pb", "variables/variables.index", "assets/spm.model",
+        "assets.extra/export_options.json", "assets.extra/tf_serving_warmup_requests"))
+
+
+@pytest.mark.slow
+@pytest.mark.backend_independent  # the export runs under TensorFlow in its own processes
+def test_two_exports_at_once_to_one_model_name_get_a_version_each(finished_run, tmp_path):
+    base = tmp_path / "saved_models"
+    # A version that was there before: never replaced, never touched.
+    old = base / "m" / "1"
+    old.mkdir(parents=True)
+    (old / "marker").write_text("version 1")
+    inode = old.stat().st_ino
+    command = [sys.executable, "-m", "keras_transformer", "export", "--run", str(finished_run),
+               "--export-dir", str(base), "--model-name", "m", "--quiet"]
+    children = [subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [child.communicate(timeout=600) for child in children]
+    for child, (out, err) in zip(children, outputs):
+        assert child.returncode == 0, err[-3000:]
+    printed = sorted(out.strip().splitlines()[-1] for out, _ in outputs)
+    # Each export says its own version; both are there, whole, beside version 1.
+    assert printed == [str(base / "m" / "2"), str(base / "m" / "3")], outputs
+    assert sorted(p.name for p in (base / "m").iterdir() if not p.name.startswith(".")) == [
+        "1", "2", "3"]
+    assert all(_complete_version(base / "m" / v) for v in ("2", "3"))
+    assert old.stat().st_ino == inode and (old / "marker").read_text() == "version 1"
+    assert not list((base / "m").glob(files.STAGING_PREFIX + "*"))
+
+
+@pytest.mark.backend_independent  # file renames under a lock
+def test_a_version_taken_while_an_export_ran_is_never_replaced(tmp_path):
+    from keras_transformer.export.saved_model import publish_version
+
+    model_dir = tmp_path / "m"
+    (model_dir / "2").mkdir(parents=True)
+    (model_dir / "2" / "saved_model.pb").write_text("the first export")
+    with files.staging_dir(model_dir, "2") as staging:
+        staged = staging / "model"
+        staged.mkdir()
+        (staged / "saved_model.pb").write_text("the second export")
+        # Asked for version 2, which another export took meanwhile: refused.
+        with pytest.raises(FileExistsError, match=r"m/2 was written by another export while "
+                           r"this one ran; this export is not kept \(nothing was replaced\)"):
+            publish_version(staged, model_dir, 2)
+        assert (model_dir / "2" / "saved_model.pb").read_text() == "the first export"
+        # No version asked for: the next free one.
+        assert publish_version(staged, model_dir) == model_dir / "3"
+    assert (model_dir / "3" / "saved_model.pb").read_text() == "the second export"
+    assert (model_dir / "2" / "saved_model.pb").read_text() == "the first export"
+
+
 # --- a diverging loss ----------------------------------------------------------------------
 
 
