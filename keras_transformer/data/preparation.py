@@ -19,13 +19,17 @@ layout and record format).
    The validation pairs keep their order in one shard. Pairs with an empty
    side, or a side over 65,535 subwords, are dropped and counted.
 3. It writes `manifest.json` last. A preparation is written to a staging
-   folder and renamed into place (`files.replace_with_staged`).
+   folder and renamed into place (`files.replace_with_staged`). A write that
+   fails (a full disk) raises `PreparationWriteError`, one line naming the
+   prepared folder and the file: the staging folder is removed and a
+   previous preparation in the folder is left as it was.
 
 `ensure_prepared` prepares only when needed: a preparation is reused while
 its inputs (`CorpusInputs`: same paths and contents) and its vocabulary are
 those asked for (`stale_reason` says why not).
 """
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -43,7 +47,8 @@ from keras_transformer.data.prepared import (FORMAT, MANIFEST_FILE, TEXT_DIR, TO
                                              PreparedCorpus, PreparedCorpusError)
 from keras_transformer.data.readers import CorpusError, iter_parallel_lines
 from keras_transformer.data.records import SplitStats, record_payloads, write_shard
-from keras_transformer.files import file_lock, file_sha256, replace_with_staged, staging_dir
+from keras_transformer.files import (STAGING_PREFIX, WriteError, file_lock, file_sha256,
+                                     replace_with_staged, staging_dir)
 
 logger = logging.getLogger("keras_transformer")
 
@@ -133,6 +138,54 @@ def text_inputs(directory, name=None):
 # --- writing -------------------------------------------------------------------------
 
 
+class PreparationWriteError(WriteError):
+    """Writing a preparation failed (a full disk); nothing of it was kept.
+
+    One line for the commands: the prepared folder, the reason, the file
+    that failed, and what to do. `path` is that file, `what` "preparing
+    <folder>".
+    """
+
+    def __str__(self):
+        return (f"{self.what} failed: {self.reason} (writing {self.path.name}); nothing was "
+                "kept. Free space (or fix the folder) and run the same command")
+
+
+@contextlib.contextmanager
+def _writing(path):
+    """Turns an `OSError` of the block into a `WriteError` naming `path` (the file written)."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as error:
+        raise WriteError(path, error) from error
+
+
+@contextlib.contextmanager
+def _failed_write_is_said(output_dir):
+    """Turns a `WriteError` of the block into `PreparationWriteError` for `output_dir`."""
+    try:
+        yield
+    except PreparationWriteError:
+        raise
+    except WriteError as error:
+        raise PreparationWriteError(error.path, error.error,
+                                    f"preparing {output_dir}") from error
+
+
+def _close_all(handles, paths):
+    """Closes every file of `handles`; raises a `WriteError` for the first that failed."""
+    failure = None
+    for handle, path in zip(handles, paths):
+        try:
+            handle.close()
+        except OSError as error:
+            failure = failure or WriteError(path, error)
+    if failure is not None:
+        raise failure
+
+
 def _peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -190,16 +243,27 @@ def _shard_name(split, index, count):
 def _encode_train(pairs, encoder, folder, num_shards, seed, stats):
     """Encodes the training pairs into `num_shards` shuffled shards."""
     rng = np.random.default_rng(seed)
-    parts = [open(folder / f".part-{i:05d}", "wb") for i in range(num_shards)]
+    paths = [folder / f".part-{i:05d}" for i in range(num_shards)]
+    parts = []
     try:
+        for path in paths:
+            with _writing(path):
+                parts.append(open(path, "wb"))
         for chunk in _chunks(pairs, ENCODE_CHUNK):
             payloads = encoder.encode(chunk, stats)
-            for payload, shard in zip(payloads, rng.integers(num_shards, size=len(payloads))):
-                parts[shard].write(struct.pack("<I", len(payload)))
-                parts[shard].write(payload)
-    finally:
-        for part in parts:
-            part.close()
+            shard = 0
+            try:  # around the writes only: an error reading the input is not one
+                for payload, shard in zip(payloads,
+                                          rng.integers(num_shards, size=len(payloads))):
+                    parts[shard].write(struct.pack("<I", len(payload)))
+                    parts[shard].write(payload)
+            except OSError as error:
+                raise WriteError(paths[shard], error) from error
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _close_all(parts, paths)
+        raise
+    _close_all(parts, paths)  # flushes: a full disk may show only now
     shards = []
     for index in range(num_shards):
         part = folder / f".part-{index:05d}"
@@ -241,16 +305,24 @@ def prepare(inputs, output_dir, *, vocab_size, tokenizer_file=None, num_shards=N
 
     Returns:
         The `PreparedCorpus`.
+
+    Raises:
+        PreparationWriteError: a file could not be written (a full disk);
+            nothing was kept, a previous preparation is unchanged.
     """
     import sentencepiece
 
     start = time.time()
     output_dir = pathlib.Path(output_dir)
     # A staging folder beside the result; one a killed `prepare` left is
-    # removed by the next one (`files.staging_dir`).
-    with staging_dir(output_dir.parent, output_dir.name) as staging:
+    # removed by the next one (`files.staging_dir`). A failed write leaves
+    # no staging folder, and `output_dir` as it was.
+    with _failed_write_is_said(output_dir), contextlib.ExitStack() as stack:
+        with _writing(output_dir.parent / f"{STAGING_PREFIX}{output_dir.name}-*"):
+            staging = stack.enter_context(staging_dir(output_dir.parent, output_dir.name))
         partial = staging / "corpus"
-        partial.mkdir()
+        with _writing(partial):
+            partial.mkdir()
         spm_file = partial / TOKENIZER_FILE
         tokenizer = _vocabulary(inputs, spm_file, vocab_size=vocab_size,
                                 tokenizer_file=tokenizer_file, seed=seed,
@@ -280,10 +352,12 @@ def prepare(inputs, output_dir, *, vocab_size, tokenizer_file=None, num_shards=N
             "prepare_seconds": round(time.time() - start, 1),
             "prepare_peak_rss_mib": round(_peak_rss_mib()),
         }
-        (partial / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+        with _writing(partial / MANIFEST_FILE):
+            (partial / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
         if output_dir.exists():
             logger.info(f"Replacing the previous preparation in {output_dir}")
-        replace_with_staged(partial, output_dir)
+        with _writing(output_dir):
+            replace_with_staged(partial, output_dir)
     corpus = PreparedCorpus(output_dir)
     logger.info(f"Prepared {output_dir} in {time.time() - start:.0f} s: {corpus.summary()}")
     return corpus
@@ -298,7 +372,8 @@ def _vocabulary(inputs, spm_file, *, vocab_size, tokenizer_file, seed, tokenizer
     from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
 
     if tokenizer_file is not None:
-        shutil.copyfile(tokenizer_file, spm_file)
+        with _writing(spm_file):
+            shutil.copyfile(tokenizer_file, spm_file)
         logger.info(f"Encoding with the given vocabulary {tokenizer_file}")
         return Tokenizer.load(spm_file)
     start = time.time()
@@ -316,9 +391,11 @@ def _vocabulary(inputs, spm_file, *, vocab_size, tokenizer_file, seed, tokenizer
             failures.append(error)
 
     try:
-        tokenizer = train_tokenizer(
-            [p for p in inputs.files().get("train", ())], vocab_size, spm_file,
-            max_sentences=tokenizer_sample, seed=seed, sentences=sentences())
+        # Its input is read through `sentences`: an OSError is writing spm_file.
+        with _writing(spm_file):
+            tokenizer = train_tokenizer(
+                [p for p in inputs.files().get("train", ())], vocab_size, spm_file,
+                max_sentences=tokenizer_sample, seed=seed, sentences=sentences())
     except ValueError as error:
         if failures:
             raise failures[0] from None
@@ -361,10 +438,11 @@ def _encode_splits(inputs, encoder, partial, *, num_shards, seed, max_length):
         elif value is not None:  # a Dataset: keep its (small) text for BLEU
             from keras_transformer.data.readers import write_parallel_text
 
-            (partial / TEXT_DIR).mkdir(exist_ok=True)
             paths = [f"{TEXT_DIR}/{split}.en", f"{TEXT_DIR}/{split}.de"]
-            write_parallel_text(((s, t) for _, s, t in _iter_pairs(value, split)),
-                                *(partial / n for n in paths))
+            with _writing(partial / TEXT_DIR / f"{split}.{{en,de}}"):
+                (partial / TEXT_DIR).mkdir(exist_ok=True)
+                write_parallel_text(((s, t) for _, s, t in _iter_pairs(value, split)),
+                                    *(partial / n for n in paths))
             text[split] = paths
     return splits, text
 
@@ -422,9 +500,12 @@ def ensure_prepared(inputs, output_dir, *, vocab_size, tokenizer_file=None, veri
     which happened; `verify=True` checks a reused one's shards by sha256.
     """
     output_dir = pathlib.Path(output_dir)
-    # So that two processes never prepare the same folder at once.
-    with file_lock(output_dir.parent / f".{output_dir.name}.lock",
-                   waiting=f"Waiting for another process preparing {output_dir} ..."):
+    lock = output_dir.parent / f".{output_dir.name}.lock"
+    with contextlib.ExitStack() as stack:
+        # So that two processes never prepare the same folder at once.
+        with _failed_write_is_said(output_dir), _writing(lock):
+            stack.enter_context(file_lock(
+                lock, waiting=f"Waiting for another process preparing {output_dir} ..."))
         reason = stale_reason(output_dir, inputs, vocab_size=vocab_size,
                               tokenizer_file=tokenizer_file)
         shards = options.get("num_shards")
@@ -444,5 +525,5 @@ def ensure_prepared(inputs, output_dir, *, vocab_size, tokenizer_file=None, veri
         return corpus
 
 
-__all__ = ["CorpusInputs", "default_directory", "describe_file", "ensure_prepared", "prepare",
-           "stale_reason", "text_inputs"]
+__all__ = ["CorpusInputs", "PreparationWriteError", "default_directory", "describe_file",
+           "ensure_prepared", "prepare", "stale_reason", "text_inputs"]

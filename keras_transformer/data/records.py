@@ -13,11 +13,13 @@ are written, for the manifest (`keras_transformer.data.prepared` reads it).
 
 import array
 import dataclasses
+import errno
+import os
 
 import numpy as np
 
 from keras_transformer.data.prepared import length_policy_counts
-from keras_transformer.files import file_sha256
+from keras_transformer.files import WriteError, file_sha256
 
 MAX_SIDE_LENGTH = 2**16 - 1  # subwords of one side: its length is a uint16
 
@@ -113,14 +115,39 @@ def write_shard(path, payloads):
 
     Returns:
         `{"file", "pairs", "bytes", "sha256"}` of the shard.
+
+    Raises:
+        WriteError: the file could not be written (a full disk: TensorFlow's
+            `ResourceExhaustedError`, said as the `OSError` it stands for).
     """
     import tensorflow as tf
 
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for payload in payloads:
-            writer.write(payload)
+    try:
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for payload in payloads:
+                writer.write(payload)
+    except (OSError, tf.errors.OpError) as error:
+        raise WriteError(path, tf_os_error(error)) from error
     return {"file": path.name, "pairs": len(payloads), "bytes": path.stat().st_size,
             "sha256": file_sha256(path)}
 
 
-__all__ = ["MAX_SIDE_LENGTH", "SplitStats", "record_payloads", "write_shard"]
+def tf_os_error(error):
+    """The `OSError` a TensorFlow file error stands for (an `OSError` is returned as is).
+
+    TensorFlow's file errors read "<path>; <reason>" (e.g. "...tfrecord; No
+    space left on device"): the reason, with its errno when it is the
+    system's text for one (`ENOSPC` for a full disk).
+    """
+    if isinstance(error, OSError):
+        return error
+    message = (getattr(error, "message", None) or str(error) or type(error).__name__)
+    message = message.splitlines()[0]
+    path, _, reason = message.partition("; ")
+    if not reason or os.sep not in path:
+        path, reason = None, message
+    number = next((n for n in sorted(errno.errorcode) if os.strerror(n) == reason), None)
+    return OSError(number, reason, path) if number else OSError(reason)
+
+
+__all__ = ["MAX_SIDE_LENGTH", "SplitStats", "record_payloads", "tf_os_error", "write_shard"]

@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -166,7 +167,7 @@ def test_prepare_then_train_equals_training_on_the_folder(corpus_dir, tmp_path, 
 
     result = subprocess.run(
         [sys.executable, "-m", "keras_transformer", "prepare", "--data", str(corpus_dir),
-         "--vocab-size", "600", "--output", str(tmp_path / "ahead")],
+         "--vocab-size", "600", "--prepared-dir", str(tmp_path / "ahead")],
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "1,201 training pairs" in result.stdout
@@ -366,3 +367,187 @@ def test_train_finds_what_prepare_wrote_whatever_its_output_dir(corpus_dir, tmp_
     assert (written / "manifest.json").read_bytes() == manifest  # not prepared again
     assert not any("Preparing" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / "elsewhere" / "deep" / "prepared").exists()
+
+
+# --- a write that fails (a full disk) -----------------------------------------------------
+
+
+ENOSPC_TEXT = os.strerror(28)  # "No space left on device"
+
+
+@pytest.fixture(scope="module")
+def small_corpus_dir(tmp_path_factory):
+    """300 Multi30k training pairs, 30 valid, 5 test: a preparation in a second or two."""
+    from conftest import multi30k_head
+
+    return multi30k_head(tmp_path_factory.mktemp("small") / "s30k", (
+        ("train", "train", 300), ("valid", "valid", 30), ("test", "test", 5)))
+
+
+def _prepare_command(capsys, data, output, vocab_size):
+    """`keras-transformer prepare` in this process.
+
+    Returns:
+        `(status, stdout, lines)`: `lines` are stderr's lines other than the
+        log's timestamped ones.
+    """
+    import re
+
+    from keras_transformer.commands import main
+
+    capsys.readouterr()
+    status = main(["prepare", "--data", str(data), "--vocab-size", str(vocab_size),
+                   "--prepared-dir", str(output)])
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines()
+             if line.strip() and not re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line)]
+    return status, captured.out, lines
+
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _fail_tfrecord_write_after(monkeypatch, records):
+    """TensorFlow's TFRecordWriter hits a full disk after `records` records, as TF says it."""
+    import tensorflow as tf
+
+    written = [0]
+    real = tf.io.TFRecordWriter.write
+
+    def write(self, record):
+        if written[0] >= records:
+            raise tf.errors.ResourceExhaustedError(
+                None, None, "/elsewhere/some.tfrecord; No space left on device")
+        written[0] += 1
+        return real(self, record)
+
+    monkeypatch.setattr(tf.io.TFRecordWriter, "write", write)
+
+
+def _fail_part_write(monkeypatch):
+    """Python's write of the `.part-*` files hits a full disk (after a few writes)."""
+    real_open = open
+
+    class Full:
+        def __init__(self, handle):
+            self.handle, self.writes = handle, 0
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes > 4:
+                raise OSError(errno.ENOSPC, ENOSPC_TEXT)
+            return self.handle.write(data)
+
+        def close(self):
+            self.handle.close()
+
+    def fake_open(path, *args, **kwargs):
+        handle = real_open(path, *args, **kwargs)
+        return Full(handle) if pathlib.Path(path).name.startswith(".part-") else handle
+
+    monkeypatch.setattr(preparation, "open", fake_open, raising=False)
+
+
+def _fail_path_write(monkeypatch, method, name):
+    """`pathlib.Path.<method>` of the file called `name` hits a full disk."""
+    real = getattr(pathlib.Path, method)
+
+    def write(self, *args, **kwargs):
+        if self.name == name:
+            raise OSError(errno.ENOSPC, ENOSPC_TEXT)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, method, write)
+
+# (failure, the file the line must name); the corpus has 300 training pairs (1 shard).
+_WRITE_FAILURES = {
+    "train shard": (lambda mp: _fail_tfrecord_write_after(mp, 3),
+                    "train-00000-of-00001.tfrecord"),
+    "valid shard": (lambda mp: _fail_tfrecord_write_after(mp, 300 + 3),
+                    "valid-00000-of-00001.tfrecord"),
+    "part file": (_fail_part_write, ".part-00000"),
+    "vocabulary": (lambda mp: _fail_path_write(mp, "write_bytes", prepared.TOKENIZER_FILE),
+                   prepared.TOKENIZER_FILE),
+    "manifest": (lambda mp: _fail_path_write(mp, "write_text", prepared.MANIFEST_FILE),
+                 prepared.MANIFEST_FILE),
+}
+
+
+def _assert_one_line_and_nothing_kept(status, lines, output, failed_file):
+    assert status == 1
+    assert lines == [
+        f"keras-transformer prepare: error: preparing {output} failed: {ENOSPC_TEXT} "
+        f"(writing {failed_file}); nothing was kept. Free space (or fix the folder) and run "
+        "the same command"], lines
+    assert not list(output.parent.glob(".tmp-*"))  # the staging folder is gone
+
+
+@pytest.mark.parametrize("failure", sorted(_WRITE_FAILURES))
+def test_a_full_disk_while_preparing_is_one_line_and_keeps_the_previous_preparation(
+        failure, small_corpus_dir, tmp_path, monkeypatch, capsys):
+    output = tmp_path / "prep"
+    status, _, lines = _prepare_command(capsys, small_corpus_dir, output, 400)
+    assert status == 0 and lines == []
+    before = _files(output)
+    assert prepared.MANIFEST_FILE in before
+
+    make_fail, failed_file = _WRITE_FAILURES[failure]
+    make_fail(monkeypatch)
+    # Another vocabulary size: prepared again, and the disk fills.
+    status, _, lines = _prepare_command(capsys, small_corpus_dir, output, 420)
+    _assert_one_line_and_nothing_kept(status, lines, output, failed_file)
+    assert _files(output) == before  # the previous preparation, byte for byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".prep.lock", "prep"]
+
+    monkeypatch.undo()  # space again
+    status, out, lines = _prepare_command(capsys, small_corpus_dir, output, 400)
+    assert status == 0 and lines == [] and "(up to date, shards verified)" in out
+    status, out, lines = _prepare_command(capsys, small_corpus_dir, output, 420)
+    assert status == 0 and lines == [] and "up to date" not in out
+    assert json.loads((output / prepared.MANIFEST_FILE).read_text())["vocab_size"] == 420
+
+
+def test_a_full_disk_on_a_first_preparation_leaves_nothing(small_corpus_dir, tmp_path,
+                                                           monkeypatch, capsys):
+    output = tmp_path / "deep" / "prep"
+    _fail_tfrecord_write_after(monkeypatch, 3)
+    status, _, lines = _prepare_command(capsys, small_corpus_dir, output, 400)
+    _assert_one_line_and_nothing_kept(status, lines, output, "train-00000-of-00001.tfrecord")
+    assert not output.exists()  # nothing a later prepare or train would trust
+    monkeypatch.undo()
+    status, _, lines = _prepare_command(capsys, small_corpus_dir, output, 400)
+    assert status == 0 and lines == []
+    assert prepared.PreparedCorpus(output).split("train")["pairs"] == 300
+
+
+def test_a_full_disk_writing_a_dataset_corpus_text_is_said(small_corpus_dir, tmp_path,
+                                                           monkeypatch):
+    """A tf.data corpus's valid/test text (kept for BLEU) that cannot be written."""
+    import tensorflow as tf
+
+    from keras_transformer.data import readers
+
+    def dataset(split):
+        return tf.data.Dataset.from_tensor_slices(
+            (_lines(small_corpus_dir / f"{split}.en"), _lines(small_corpus_dir / f"{split}.de")))
+
+    inputs = preparation.CorpusInputs("wmt14", train=dataset("train"), valid=dataset("valid"),
+                                      test=dataset("test"), key={"tfds": "test"})
+    real_open = open
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        if "w" in mode and pathlib.Path(path).parent.name == prepared.TEXT_DIR:
+            raise OSError(errno.ENOSPC, ENOSPC_TEXT)
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(readers, "open", fake_open, raising=False)
+    output = tmp_path / "prep"
+    with pytest.raises(preparation.PreparationWriteError) as raised:
+        preparation.ensure_prepared(inputs, output, vocab_size=400)
+    assert str(raised.value) == (
+        f"preparing {output} failed: {ENOSPC_TEXT} (writing valid.{{en,de}}); nothing was "
+        "kept. Free space (or fix the folder) and run the same command")
+    assert isinstance(raised.value, OSError)  # what the commands show as one line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".prep.lock"]
