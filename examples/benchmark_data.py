@@ -89,7 +89,7 @@ def run_prepare(corpus, output, args):
     if output.exists() and not args.reuse_prepared:
         shutil.rmtree(output)
     command = [sys.executable, "-m", "keras_transformer", "prepare", "--data", str(corpus),
-               "--preset", "small", "--output", str(output)]
+               "--preset", "small", "--prepared-dir", str(output)]
     start = time.time()
     result = subprocess.run(command, env=_env(), capture_output=True, text=True)
     seconds = time.time() - start

@@ -73,12 +73,17 @@ _INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 
 
 def command_options(parser=None):
-    """`{sub-command: set of its option strings starting with --}`, `--help` excluded."""
+    """`{sub-command: set of its option strings starting with --}`.
+
+    `--help` and hidden options (an old flag name still read, with a
+    warning) are left out: the documentation uses the current names.
+    """
     parser = parser or build_parser()
     subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert len(subparsers) == 1, "expected one set of sub-commands"
     return {name: {option for action in sub._actions for option in action.option_strings
-                   if option.startswith("--") and option != "--help"}
+                   if option.startswith("--") and option != "--help"
+                   and action.help != argparse.SUPPRESS}
             for name, sub in subparsers[0].choices.items()}
 
 
@@ -297,6 +302,17 @@ def test_no_option_is_left_out_of_the_documentation(options):
     assert not problems, "\n".join(problems)
 
 
+def test_prepare_and_train_name_the_prepared_folder_with_one_flag(options, capsys):
+    from keras_transformer.commands import main
+
+    assert "--prepared-dir" in options["prepare"] and "--prepared-dir" in options["train"]
+    assert "--output" not in options["prepare"]  # the old name: hidden, still read
+    # Both names at once: one line, before any work.
+    assert main(["prepare", "--data", "demo", "--output", "a", "--prepared-dir", "b"]) == 1
+    assert capsys.readouterr().err == ("keras-transformer prepare: error: --output is the old "
+                                       "name of --prepared-dir; give one of them\n")
+
+
 def test_the_settings_table_is_current(options):
     problems = table_problems(SETTINGS_PAGE.read_text(encoding="utf-8"), options)
     assert not problems, f"{SETTINGS_PAGE.relative_to(REPO)}:\n" + "\n".join(problems)
@@ -338,13 +354,15 @@ def test_the_api_reference_lists_every_public_name_and_the_readme_block():
 
 
 def test_every_command_prints_its_help():
-    """`--help` of each sub-command prints each of its options."""
+    """`--help` of each sub-command prints each of its options (an old name is hidden)."""
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     for name, command in sub.choices.items():
         text = command.format_help()
         for action in command._actions:
-            assert all(option in text for option in action.option_strings), (name, action)
+            shown = [option in text for option in action.option_strings]
+            assert all(shown) if action.help != argparse.SUPPRESS else not any(shown), (
+                name, action)
 
 
 def test_the_version_is_pyprojects_and_the_command_prints_it(capsys):

@@ -2,18 +2,22 @@
 
     keras-transformer prepare --data wmt14 --preset base
     keras-transformer prepare --data ../shared/data/multi30k --vocab-size 8000 \
-        --output runs/prepared/multi30k_v8000
+        --prepared-dir runs/prepared/multi30k_v8000
+    keras-transformer train --data ../shared/data/multi30k --vocab-size 8000 \
+        --prepared-dir runs/prepared/multi30k_v8000   # reuses it
     keras-transformer train --data runs/prepared/multi30k_v8000 --preset small
 
 `train --data <text folder>` prepares the folder itself (into the same
 default place, `runs/prepared/<corpus>_v<vocab-size>`) and reuses it, so this
 command is needed only to prepare ahead of time, elsewhere, or with other
-options (shards, tokenizer sample). See `keras_transformer.data.preparation`.
+options (shards, tokenizer sample). The prepared folder is `--prepared-dir`
+in both commands. See `keras_transformer.data.preparation`.
 """
 
+import argparse
 import pathlib
 
-from keras_transformer.commands.common import CommandError, setup_logging
+from keras_transformer.commands.common import CommandError, say, setup_logging
 
 
 def add_parser(commands):
@@ -33,9 +37,12 @@ def add_parser(commands):
     p.add_argument("--max-length", type=int, default=None,
                    help="report the length policy for this length (preset default); "
                         "the shards keep every pair")
-    p.add_argument("--output", default=None,
+    p.add_argument("--prepared-dir", default=None,
                    help="the prepared folder (default runs/prepared/<corpus>_v<vocab-size>, "
-                        "where `train --data` looks)")
+                        "where `train --data` looks; `train --prepared-dir` names the same "
+                        "folder)")
+    # The flag's old name (CHANGELOG.md): still read, with a warning.
+    p.add_argument("--output", dest="old_output", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tokenizer", default=None,
                    help="encode with this SentencePiece model instead of training one")
     p.add_argument("--num-shards", type=int, default=None,
@@ -50,6 +57,13 @@ def add_parser(commands):
 def run_prepare(args):
     setup_logging()
     from keras_transformer.data import corpora, preparation, prepared
+
+    if args.old_output is not None:
+        if args.prepared_dir is not None:
+            raise CommandError("--output is the old name of --prepared-dir; give one of them")
+        say(args.called_as, "warning: --output is now --prepared-dir (the flag train takes "
+            "for the same folder); --output will be removed", error=False)
+        args.prepared_dir = args.old_output
     from keras_transformer.training.settings import PRESET_DEFAULTS
 
     if args.preset not in PRESET_DEFAULTS:
@@ -67,7 +81,7 @@ def run_prepare(args):
     vocab_size = args.vocab_size or PRESET_DEFAULTS[args.preset]["vocab_size"]
     max_length = args.max_length or PRESET_DEFAULTS[args.preset]["max_length"]
     inputs = corpora.corpus_inputs(args.data, seed=args.seed)
-    output = args.output or corpora.default_prepared_dir(inputs, vocab_size, args.tokenizer)
+    output = args.prepared_dir or corpora.default_prepared_dir(inputs, vocab_size, args.tokenizer)
     options = dict(seed=args.seed, max_length=max_length, num_shards=args.num_shards)
     if args.tokenizer_sample:
         options["tokenizer_sample"] = args.tokenizer_sample

@@ -106,7 +106,7 @@ class Settings:
     prepared_dir: Optional[str] = _field(
         None, "data", "where --data is prepared (vocabulary, token-id shards, manifest) "
         "and reused; default runs/prepared/<corpus>_v<vocab-size> in the working directory, "
-        "whatever --output-dir is (where `prepare` writes)")
+        "whatever --output-dir is; `prepare --prepared-dir` names the same folder")
     subword_sampling: float = _field(
         0.0, "data", "train on sampled segmentations (BPE-dropout: each merge skipped "
         "with this probability, 0.1 is usual), a different one each epoch; validation, "
