@@ -13,8 +13,9 @@ what they found:
    `best.weights.h5`. Returns the values.
 2. `log.TrainingLog.write_row` (every `log_every` updates, at each
    validation and at the last update): a CSV row, TensorBoard scalars and a
-   log line (loss, tokens/s, ETA), from the batch losses and the validation
-   values handed to it. Returns the row.
+   log line (loss, tokens/s, ETA), from Keras' loss and accuracy over the
+   row's batches (it resets the model's metrics after each row) and the
+   validation values handed to it. Returns the row.
 3. `divergence.DivergenceRule.check_row`: the row's loss against the rule
    (see its docstring); a non-finite batch loss is checked at every batch.
 4. `checkpoints.StateSaver.after_update`: checkpoints every

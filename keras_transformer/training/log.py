@@ -25,11 +25,19 @@ logger = logging.getLogger("keras_transformer")
 class TrainingLog:
     """CSV rows, TensorBoard scalars and log lines of a run, keyed by update.
 
-    Each row holds the mean training loss and accuracy of the batches since
-    the last row, the learning rate of the next update (Keras'
+    Each row holds Keras' own training loss and accuracy of the batches
+    since the last row, the learning rate of the next update (Keras'
     `optimizer.learning_rate`), target tokens/s of the training since the
     last row (validation time left out) and the validation values handed to
-    it.
+    it. `write_row` resets the model's metrics (`model.reset_metrics()`)
+    once it has read them, so the last batch's logs hold the metrics over
+    exactly the row's batches (`fit` resets them at its start, a validation
+    after its `evaluate`): the accuracy is `MaskedAccuracy`'s correct over
+    non-pad target tokens of those batches (in [0, 1]); the loss is Keras'
+    loss tracker, the mean of the batches' losses (each a mean over its
+    non-pad tokens) weighted by their sentences. (Under `tf.distribute`,
+    Keras' batch logs are the mean of the replicas' own values.) A row with
+    no training batch since the last one has NaN (an empty cell).
 
     Args:
         run: the `runs.RunFolder`.
@@ -55,8 +63,7 @@ class TrainingLog:
         """`fit` starts at `update`: opens TensorBoard's event file."""
         self._start = self._last_time = time.monotonic()
         self._last_update = update
-        self._last_sums = (0.0, 0.0, 0)  # loss sum, accuracy sum, batches
-        self._batches = 0
+        self._batches = 0  # training batches since the last row
         self._loss_mean = self._accuracy_mean = math.nan
         self._elapsed_before = self._previous_elapsed()
         if self.chief:
@@ -82,17 +89,24 @@ class TrainingLog:
             return 0.0
 
     def observe(self, logs):
-        """A training batch's Keras logs: means since the metrics were last reset."""
+        """A training batch's Keras logs: the metrics since they were last reset.
+
+        That is since the last row (`write_row` resets them), the start of
+        `fit` or a validation (which comes with a row).
+        """
         self._batches += 1
         self._loss_mean = float(logs.get("loss", math.nan))
         self._accuracy_mean = float(logs.get("accuracy", math.nan))
 
     def write_row(self, model, update, validation=None):
-        """Writes the row of `update` with the `Validator`'s values; returns it."""
+        """Writes the row of `update` with the `Validator`'s values; returns it.
+
+        The model's metrics are reset once read: the next row's start here.
+        """
         now = time.monotonic()
         validation = dict(validation or {})
         validation_seconds = validation.pop("val_seconds", 0.0)
-        loss, accuracy = self._training_means(reset="val_loss" in validation)
+        loss, accuracy = self._training_means(model)
         updates = update - self._last_update
         seconds = now - self._last_time - validation_seconds  # training time only
         tokens_per_second = (updates * self.target_tokens_per_update / seconds
@@ -125,21 +139,23 @@ class TrainingLog:
                                       ) from error
         return row
 
-    def _training_means(self, reset):
-        """Mean loss and accuracy of the batches since the last row.
+    def _training_means(self, model):
+        """Loss and accuracy of the batches since the last row; resets the model's metrics.
 
-        Keras' batch logs are means since the metrics were last reset (the
-        start of `fit`, or a validation: `reset`); the rows difference them.
+        Keras' metrics accumulate from their last reset, so the last batch's
+        logs hold them over the row's batches; resetting them here starts
+        the next row's. (Differencing running means instead is wrong: Keras
+        weights the loss by sentences and the accuracy by tokens, not by
+        batches.) Under JAX, `model` must come from `Callback.model`, which
+        puts the training state into the variables; `fit` reads it back at
+        its next step.
         """
-        loss_sum, accuracy_sum, batches = self._last_sums
-        n = self._batches - batches
-        loss = (self._loss_mean * self._batches - loss_sum) / n if n else math.nan
-        accuracy = (self._accuracy_mean * self._batches - accuracy_sum) / n if n else math.nan
-        self._last_sums = (self._loss_mean * self._batches,
-                           self._accuracy_mean * self._batches, self._batches)
-        if reset:
-            self._batches, self._last_sums = 0, (0.0, 0.0, 0)
-        return loss, accuracy
+        if not self._batches:
+            return math.nan, math.nan
+        means = self._loss_mean, self._accuracy_mean
+        model.reset_metrics()
+        self._batches = 0
+        return means
 
     def _append_row(self, row):
         """Appends a CSV row (`files.append_bytes`: a failed write leaves no half row).
