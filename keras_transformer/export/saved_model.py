@@ -39,6 +39,7 @@ PosixPath('saved_models/transformer/1')
  'score': <tf.Tensor: ...>}
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -69,7 +70,8 @@ EXPORT_FORMAT_VERSION = 2
 TOKENIZER_ASSET = names.TOKENIZER_FILE
 
 __all__ = ["BEAM_SIGNATURE", "DEFAULT_BASE", "DEFAULT_MODEL_NAME", "GREEDY_SIGNATURE",
-           "export_from_run", "export_saved_model", "next_version", "publish_version"]
+           "export_from_run", "export_saved_model", "next_version", "publish_version",
+           "serving_decoding"]
 
 
 # --- version folders -------------------------------------------------------------
@@ -261,7 +263,6 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
 
     # A hidden (non-numeric) folder: TF Serving ignores it until the rename;
     # a killed export's is removed by the next export into model_dir.
-    name = model_dir / (str(version) if version is not None else "<next version>")
     try:
         with staging_dir(model_dir, str(version or "next")) as staging:
             target = _write_version(staging, model_dir, version, overwrite, model, tokenizer,
@@ -274,6 +275,9 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         # folder is gone, so no half-written version is left. A file of the
         # staging folder that failed (the warm-up requests) is the export's.
         cause = _as_os_error(error.error if isinstance(error, WriteError) else error)
+        # The version it was writing: the one asked for, else the one it
+        # would have taken (`publish_version` takes it only when complete).
+        name = model_dir / str(version if version is not None else next_version(model_dir))
         raise WriteError(name, cause, f"writing the SavedModel {name}") from error
     if verbose:
         weights = quantize or already or (dtype if dtype != "float32" else None)
@@ -394,6 +398,26 @@ def _export_in_subprocess(run_dir, export_dir, **options):
     return pathlib.Path(published["path"])
 
 
+def serving_decoding(run_dir, *, beam_size=None, alpha=None, max_extra_length=None):
+    """The decoding `export_from_run` gives `serving_default`: a `loading.RunDecoding`.
+
+    The values given, else the run's `settings.json`, else the paper's
+    (`loading.run_decoding`), except that a run that recorded greedy
+    decoding (beam 1) is exported with beam 2, as the job's own export
+    does: `serving_default` is a beam search (`translate_greedy` is beam 1).
+    """
+    from keras_transformer.inference.loading import FROM_RUN, run_decoding
+
+    decoding = run_decoding(run_dir, beam_size=beam_size, alpha=alpha,
+                            max_extra_length=max_extra_length)
+    if beam_size is None and decoding.values["beam_size"] == 1:
+        values = dict(decoding.values, beam_size=2)
+        sources = dict(decoding.sources,
+                       beam_size=f"{FROM_RUN} say greedy; {BEAM_SIGNATURE} is a beam search")
+        decoding = dataclasses.replace(decoding, values=values, sources=sources)
+    return decoding
+
+
 def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
                     version=None, weights=None, beam_size=None, alpha=None,
                     max_source_length=None, max_extra_length=None,
@@ -446,13 +470,12 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             max_source_length=max_source_length, max_extra_length=max_extra_length,
             batch_size=batch_size, quantize=quantize, dtype=dtype, weights=weights)
 
-    from keras_transformer.inference.loading import run_decoding
     from keras_transformer.inference.translator import Translator
 
     model, tokenizer = load_run(run_dir, weights)
     # What is not given is the run's settings.json, else the paper's.
-    decoding = run_decoding(run_dir, beam_size=beam_size, alpha=alpha,
-                            max_extra_length=max_extra_length).options
+    decoding = serving_decoding(run_dir, beam_size=beam_size, alpha=alpha,
+                                max_extra_length=max_extra_length).options
     translator = Translator(model, tokenizer, decoding)
     return export_saved_model(
         translator, export_dir, model_name=model_name, version=version,
