@@ -72,6 +72,10 @@ DAMAGED_DIR = "damaged"
 LOCK_FILE = ".lock"
 TENSORBOARD_DIR = "tensorboard"
 
+# The `[decoding]` settings a run records in settings.json: what the run is
+# decoded with by default (`keras_transformer.inference.loading.run_decoding`).
+DECODING_SETTINGS = ("beam_size", "alpha", "max_extra_length")
+
 _CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 _BACKUP_PATTERN = re.compile(r"^state-(\d+)\.weights\.h5$")
 
@@ -247,6 +251,18 @@ class RunFolder:
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise RunError(f"{self.config_file} is damaged: not a model configuration "
                            f"({message}); restore it or start a new --output-dir") from None
+
+    def recorded_decoding(self):
+        """The decoding settings the run recorded: `{name: value}`, maybe empty.
+
+        The `DECODING_SETTINGS` that `settings.json` holds, read as JSON keys
+        (their values unchecked; `null` counts as not recorded). An older
+        run, or a folder written by hand, may record none, or have no
+        `settings.json` at all.
+        """
+        values = self.read_json(SETTINGS_FILE) or {}
+        return {name: values[name] for name in DECODING_SETTINGS
+                if values.get(name) is not None}
 
     def read_best(self):
         """`best.json` (`{"update": int, "bleu": float}`), `None` without the file."""

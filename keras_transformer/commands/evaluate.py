@@ -15,18 +15,21 @@ def add_parser(commands):
                     "it against <split>.de (sacreBLEU BLEU and chrF, detokenized, 13a, "
                     "mixed case, and BLEU lowercased); one row per weights, beam size and "
                     "split, and a "
-                    "Markdown table at the end.")
+                    "Markdown table at the end. The beam size, alpha and length limit are "
+                    "the run's settings.json (else the paper's) unless given; a log line "
+                    "says which were used.")
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--data", required=True, help="folder with <split>.en / <split>.de files")
     p.add_argument("--splits", nargs="+", default=["test"], help="default: test")
     p.add_argument("--weights", nargs="+", default=["final"],
                    help="final (model.keras), averaged, best, last, ckpt-<update> or "
                         ".weights.h5 paths (default: final)")
-    p.add_argument("--beam-sizes", nargs="+", type=int, default=[decoding.beam_size],
-                   help=f"1 = greedy (default {decoding.beam_size})")
+    p.add_argument("--beam-sizes", nargs="+", type=int,
+                   help="1 = greedy (default the run's settings.json, else "
+                        f"{decoding.beam_size})")
     p.add_argument("--alpha", nargs="+", type=float,
-                   help=f"length penalty (default {decoding.alpha:g}); several values give a "
-                        "row each "
+                   help=f"length penalty (default the run's settings.json, else "
+                        f"{decoding.alpha:g}); several values give a row each "
                         "(tune it on a validation split, not on the test set)")
     p.add_argument("--quantize", choices=names.KERAS_QUANTIZATIONS,
                    help="score int8 weights (Keras' model.quantize on a copy)")
@@ -37,7 +40,7 @@ def add_parser(commands):
 
 
 def run_evaluate(args):
-    for beam_size in args.beam_sizes:
+    for beam_size in args.beam_sizes or ():
         check_decoding_argument("beam_size", beam_size, flag="--beam-sizes")
     for alpha in args.alpha or ():
         check_decoding_argument("alpha", alpha)

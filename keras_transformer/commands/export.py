@@ -3,7 +3,8 @@
 import pathlib
 
 from keras_transformer import names
-from keras_transformer.commands.common import CommandError
+from keras_transformer.commands.common import (PROG, CommandError, check_decoding_argument,
+                                               say)
 from keras_transformer.model.config import DecodingOptions
 from keras_transformer.training.settings import flag
 
@@ -37,11 +38,24 @@ def run_export(args):
 def _export_saved_model(args, run_dir):
     # Under JAX or PyTorch, export_from_run exports in a TensorFlow-backend
     # subprocess (the weights are backend-portable).
-    from keras_transformer.export.saved_model import export_from_run
+    from keras_transformer.export.saved_model import export_from_run, serving_decoding
+    from keras_transformer.inference.loading import check_run
 
-    # What is not given takes export_from_run's defaults (decoding: DecodingOptions').
+    # What is not given takes export_from_run's defaults; its decoding is the
+    # run's settings.json, else the paper's: the same serving_decoding, said here.
     options = {name: getattr(args, name) for name in _SAVED_MODEL_ONLY
                if getattr(args, name) is not None}
+    for name in ("beam_size", "alpha", "max_extra_length"):
+        if getattr(args, name) is not None:
+            check_decoding_argument(name, getattr(args, name))
+    try:
+        check_run(run_dir)
+        decoding = serving_decoding(run_dir, beam_size=args.beam_size, alpha=args.alpha,
+                                    max_extra_length=args.max_extra_length)
+    except FileNotFoundError as error:
+        raise CommandError(str(error)) from None
+    if not args.quiet:
+        say(f"{PROG} export", f"decoding: {decoding.describe()}", error=False)
     try:
         path = export_from_run(
             run_dir, args.export_dir, model_name=args.model_name, weights=args.weights,
@@ -110,14 +124,17 @@ def add_parser(commands):
     e.add_argument("--weights", help="export other weights than model.keras': best, last, "
                                      "ckpt-<update> or a .weights.h5 path")
     e.add_argument("--beam-size", type=int, help=f"saved_model: of {names.BEAM_SIGNATURE} "
-                                                 f"(default {decoding.beam_size})")
+                                                 "(default the run's settings.json, else "
+                                                 f"{decoding.beam_size})")
     e.add_argument("--alpha", type=float,
-                   help=f"saved_model: length penalty (default {decoding.alpha:g})")
+                   help="saved_model: length penalty (default the run's settings.json, "
+                        f"else {decoding.alpha:g})")
     e.add_argument("--max-source-length", type=int,
                    help="saved_model: source ids kept, EOS included (default: "
                         "config.max_length)")
     e.add_argument("--max-extra-length", type=int,
-                   help=f"saved_model: default {decoding.max_extra_length}")
+                   help="saved_model: outputs have at most source length + this many ids "
+                        f"(default the run's settings.json, else {decoding.max_extra_length})")
     e.add_argument("--batch-size", type=int,
                    help="saved_model: sentences decoded at once; a larger request is "
                         "decoded in chunks of this many (default 32)")

@@ -7,7 +7,10 @@ Two ways to run a model:
   TensorFlow Text; its beam size, alpha and length limit were fixed at export.
 - `--run DIR`: a training run folder's model in this process (`Translator`,
   on the current Keras backend), no export needed; `--weights`,
-  `--beam-size`, `--alpha` and `--max-extra-length` choose the decoding.
+  `--beam-size`, `--alpha` and `--max-extra-length` choose the decoding,
+  which is otherwise the run's (`settings.json`), else the paper's
+  (`keras_transformer.inference.loading.run_decoding`); the start line says
+  which values it used and where each came from.
 
 When the input is a terminal each line is translated and printed as soon as
 it is entered (as fairseq-interactive does); from a pipe or a file lines are
@@ -21,7 +24,8 @@ import sys
 import time
 
 from keras_transformer import names
-from keras_transformer.commands.common import PROG, CommandError, check_decoding_argument
+from keras_transformer.commands.common import (PROG, CommandError, check_decoding_argument,
+                                               native_stderr_silenced)
 from keras_transformer.model.config import DecodingOptions
 
 
@@ -68,7 +72,10 @@ def load_signature(model_dir, signature_name):
         raise CommandError("tensorflow-text is needed to run the exported tokenizer: "
                            "pip install tensorflow-text") from None
     try:
-        loaded = tf.saved_model.load(str(model_dir))
+        # Loading runs tf-text's SentencePiece op, whose C++ logs a
+        # LOG(INFO) line on stderr (see native_stderr_silenced).
+        with native_stderr_silenced():
+            loaded = tf.saved_model.load(str(model_dir))
     except Exception as error:  # a corrupt or foreign SavedModel
         raise CommandError(f"could not load the SavedModel in {model_dir}: "
                            f"{str(error).strip().splitlines()[0]}") from None
@@ -270,9 +277,8 @@ def _load_saved_model(args):
 
 
 def _load_run(args, batch_size):
-    from keras_transformer.model.config import DecodingOptions
     from keras_transformer.model.transformer import quantized, with_dtype
-    from keras_transformer.inference.loading import load_run
+    from keras_transformer.inference.loading import load_run, run_decoding
     from keras_transformer.inference.translator import Translator
 
     run_dir = pathlib.Path(args.run)
@@ -282,15 +288,15 @@ def _load_run(args, batch_size):
         model = quantized(model, args.quantize)
     if args.dtype and args.dtype != "float32":
         model = with_dtype(model, args.dtype)
-    options = DecodingOptions().replace(beam_size=1 if args.greedy else args.beam_size,
-                                        alpha=args.alpha,
-                                        max_extra_length=args.max_extra_length)
-    translator = Translator(model, tokenizer, options, batch_size=batch_size)
-    decoding = "greedy" if options.greedy else f"beam {options.beam_size}"
+    # What is not given is the run's (settings.json), else the paper's.
+    decoding = run_decoding(run_dir, beam_size=1 if args.greedy else args.beam_size,
+                            alpha=args.alpha, max_extra_length=args.max_extra_length,
+                            labels={"beam_size": "--greedy"} if args.greedy else None)
+    translator = Translator(model, tokenizer, decoding.options, batch_size=batch_size)
     stored = args.quantize or (args.dtype if args.dtype not in (None, "float32") else None)
     stored = f", {stored} weights" if stored else ""
     return (translator_translate_fn(translator),
-            f"{run_dir}, weights {weights}{stored}, {decoding}, alpha {options.alpha}")
+            f"{run_dir}, weights {weights}{stored}, {decoding.describe()}")
 
 
 def run_translate(args):
@@ -355,17 +361,20 @@ def add_parser(commands):
     search.add_argument("--greedy", action="store_true",
                         help="greedy decoding (with --run: --beam-size 1)")
     search.add_argument("--signature", help="with --model: run this signature instead")
-    run = t.add_argument_group("decoding with --run (a SavedModel fixed these at export)")
+    run = t.add_argument_group(
+        "decoding with --run (a SavedModel fixed these at export); the defaults are the "
+        "run's settings.json (what its test score used), else the paper's")
     run.add_argument("--weights",
                      help="final (model.keras, default), averaged, best, last, "
                           "ckpt-<update> or a .weights.h5 path")
     run.add_argument("--beam-size", type=int,
-                     help=f"default {decoding.beam_size}; 1 = greedy")
+                     help=f"default the run's, else {decoding.beam_size}; 1 = greedy")
     run.add_argument("--alpha", type=float,
-                     help=f"length-penalty strength (default {decoding.alpha:g})")
+                     help=f"length-penalty strength (default the run's, else "
+                          f"{decoding.alpha:g})")
     run.add_argument("--max-extra-length", type=int,
                      help="outputs have at most source length + this many ids (default "
-                          f"{decoding.max_extra_length})")
+                          f"the run's, else {decoding.max_extra_length})")
     run.add_argument("--quantize", choices=names.KERAS_QUANTIZATIONS,
                      help="decode with int8 weights (Keras' model.quantize on a copy)")
     run.add_argument("--dtype", choices=names.DECODING_DTYPES,

@@ -293,7 +293,7 @@ def _converter(spec):
 
 
 def export_ctranslate2(model, tokenizer, output_dir, *, quantization=None, overwrite=False,
-                       extra_positions=EXTRA_POSITIONS, source=None):
+                       extra_positions=EXTRA_POSITIONS, source=None, decoding=None):
     """Writes a model as a CTranslate2 model folder that `ctranslate2.Translator` loads.
 
     Works under any Keras backend. The folder is written next to
@@ -313,6 +313,10 @@ def export_ctranslate2(model, tokenizer, output_dir, *, quantization=None, overw
         extra_positions: sinusoid positions beyond `config.max_length`.
         source: optional dict stored in `keras_transformer.json` (e.g. the
             run folder and weights it came from).
+        decoding: optional dict stored as `keras_transformer.json`'s
+            `decoding`: the beam size, alpha and length limit the model is
+            meant to be decoded with (CTranslate2 takes them when it
+            translates; `export_ctranslate2_from_run` records the run's).
 
     Returns:
         The `pathlib.Path` of the written folder.
@@ -352,6 +356,7 @@ def export_ctranslate2(model, tokenizer, output_dir, *, quantization=None, overw
             "position_table_rows": position_rows,
             "ctranslate2": ctranslate2.__version__,
             "source": source or {},
+            "decoding": decoding or {},
         }
         (written / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         replace_with_staged(written, output_dir)
@@ -386,7 +391,8 @@ def export_ctranslate2_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=
     >>> export_ctranslate2_from_run("runs/demo_tiny")
     PosixPath('saved_models/demo_tiny-ct2')
     """
-    from keras_transformer.inference.loading import check_run, load_run, resolve_weights
+    from keras_transformer.inference.loading import (check_run, load_run, resolve_weights,
+                                                     run_decoding)
 
     run_dir = pathlib.Path(run_dir)
     check_run(run_dir)
@@ -404,11 +410,17 @@ def export_ctranslate2_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=
     if weights is not None:
         resolve_weights(run_dir, str(weights))  # a clear error for a wrong name
     model, tokenizer = load_run(run_dir, weights)
+    # The run's decoding (settings.json, else the paper's), recorded as the
+    # SavedModel export records it; the position table covers its length limit.
+    decoding = run_decoding(run_dir)
     path = export_ctranslate2(
         model, tokenizer, output_dir, quantization=quantization, overwrite=overwrite,
+        extra_positions=max(EXTRA_POSITIONS, decoding.options.max_extra_length),
         source={"run": str(run_dir.resolve()), "weights": None if weights is None
-                else str(weights)})
+                else str(weights)},
+        decoding=dict(decoding.values, sources=decoding.sources))
     if verbose:
         kind = quantization or "float32"
-        print(f"Exported a CTranslate2 model ({kind} weights) to {path}")
+        print(f"Exported a CTranslate2 model ({kind} weights) to {path}; decode it with "
+              f"{decoding.describe()}")
     return path

@@ -110,7 +110,10 @@ class CTranslate2Translator(TranslatorShell):
         intra_threads: threads per translation (0: CTranslate2's default).
         inter_threads: translations run in parallel.
         batch_size: sentences per batch (`max_batch_size`).
-        max_extra_length: outputs have at most source length + this many ids.
+        max_extra_length: outputs have at most source length + this many ids;
+            default the folder's recorded decoding (`keras_transformer.json`'s
+            `decoding`: the run's settings, `export_ctranslate2_from_run`),
+            else the paper's 50.
 
     Example:
 
@@ -120,8 +123,7 @@ class CTranslate2Translator(TranslatorShell):
     """
 
     def __init__(self, model_dir, *, device="cpu", compute_type="default", intra_threads=0,
-                 inter_threads=1, batch_size=32,
-                 max_extra_length=_DECODING.max_extra_length):
+                 inter_threads=1, batch_size=32, max_extra_length=None):
         from keras_transformer.data.tokenizer import Tokenizer
 
         ctranslate2 = require_ctranslate2()
@@ -134,7 +136,12 @@ class CTranslate2Translator(TranslatorShell):
         self.model_dir = model_dir
         self.info = info
         self.config = info["config"]
-        self.max_extra_length = max_extra_length
+        # The decoding the folder records (the run's), else the paper's.
+        recorded = info.get("decoding") or {}
+        self.decoding = _DECODING.replace(**{
+            name: recorded.get(name) for name in ("beam_size", "alpha", "max_extra_length")})
+        self.max_extra_length = (self.decoding.max_extra_length if max_extra_length is None
+                                 else max_extra_length)
         super().__init__(Tokenizer.load(model_dir / info.get("tokenizer", TOKENIZER_FILE)),
                          self.config["max_length"], batch_size)
         self.translator = ctranslate2.Translator(
@@ -197,14 +204,15 @@ class CTranslate2Translator(TranslatorShell):
         """`TranslatorShell.decode_rows`: `options` is `(beam_size, alpha, length_penalty)`."""
         return self._translate_rows(source_ids, *options), None
 
-    def translate(self, sentences, *, beam_size=_DECODING.beam_size, alpha=_DECODING.alpha,
-                  length_penalty=None):
+    def translate(self, sentences, *, beam_size=None, alpha=None, length_penalty=None):
         """Translates a list of sentences.
 
         Args:
             sentences: a list of strings.
-            beam_size: 1 is greedy decoding.
-            alpha: GNMT length-penalty strength, ours (`config.length_penalty`):
+            beam_size: 1 is greedy decoding; default the folder's recorded
+                decoding (`self.decoding`), else the paper's 4.
+            alpha: GNMT length-penalty strength, ours (`config.length_penalty`);
+                default recorded, else 0.6:
                 the finished hypotheses are ranked by
                 `log P(Y) / ((5 + |Y|) / 6) ** alpha`, `|Y|` counting EOS.
             length_penalty: if given, CTranslate2's own normalisation instead,
@@ -213,6 +221,8 @@ class CTranslate2Translator(TranslatorShell):
         Returns:
             A list of strings, `""` for a blank sentence.
         """
+        beam_size = self.decoding.beam_size if beam_size is None else beam_size
+        alpha = self.decoding.alpha if alpha is None else alpha
         translations, _ = self.translate_sentences(sentences,
                                                    (beam_size, alpha, length_penalty))
         return translations

@@ -157,7 +157,7 @@ def evaluate_bleu(translator, source_file, reference_file, *, beam_size=None, al
 
 
 def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
-                 beam_sizes=(4,), alpha=None, quantize=None, max_sentences=None,
+                 beam_sizes=None, alpha=None, quantize=None, max_sentences=None,
                  verbose=True):
     """Scores a run's weights on test splits with sacreBLEU.
 
@@ -171,10 +171,13 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         splits: file stems, e.g. `("test", "test_2017_flickr")`.
         weights: names understood by `loading.resolve_weights` (`"final"`,
             `"averaged"`, `"best"`, `"last"`, `"ckpt-2000"`, or paths).
-        beam_sizes: 1 is greedy decoding.
-        alpha: length penalty of beam search (default `DecodingOptions`'), or
-            a sequence of them: one row per value (tuning on a validation
-            split).
+        beam_sizes: a sequence of beam sizes, 1 is greedy decoding; default
+            the run's (`loading.run_decoding`: its `settings.json`, else the
+            paper's 4).
+        alpha: length penalty of beam search (default the run's, else the
+            paper's 0.6), or a sequence of them: one row per value (tuning
+            on a validation split). The length limit is always the run's
+            `max_extra_length` (else the paper's 50).
         quantize: `"int8"` scores a quantized copy of each weights
             (`keras_transformer.model.transformer.quantized`).
         max_sentences: score only the first lines of each split.
@@ -199,8 +202,18 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
         if not (source.exists() and reference.exists()):
             raise FileNotFoundError(f"split {split!r} needs {source} and {reference}")
         files[split] = (source, reference)
-    alphas = ([DecodingOptions().alpha] if alpha is None else
-              [float(a) for a in alpha] if isinstance(alpha, (list, tuple)) else [float(alpha)])
+    alphas = (None if alpha is None else [float(a) for a in alpha]
+              if isinstance(alpha, (list, tuple)) else [float(alpha)])
+    # What is not given is the run's settings.json, else the paper's.
+    decoding = loading.run_decoding(
+        run_dir, beam_size=None if beam_sizes is None else list(beam_sizes), alpha=alphas,
+        labels={"beam_size": "--beam-sizes"})
+    values = {name: value if isinstance(value, list) else [value]
+              for name, value in decoding.values.items()}
+    beam_sizes, alphas = values["beam_size"], values["alpha"]
+    options = DecodingOptions(max_extra_length=decoding.values["max_extra_length"])
+    if verbose:
+        logger.info(f"decoding: {decoding.describe()}")
     weight_paths = {name: loading.resolve_weights(run_dir, name) for name in weights}
     model, tokenizer = loading.load_run(run_dir)
     final = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
@@ -210,7 +223,8 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
             model.set_weights(final)
         else:
             loading.load_model_weights(model, path)
-        translator = Translator(quantized(model, quantize) if quantize else model, tokenizer)
+        translator = Translator(quantized(model, quantize) if quantize else model, tokenizer,
+                                options)
         for beam_size, alpha_, (split, (source, reference)) in itertools.product(
                 beam_sizes, alphas, files.items()):
             start = time.time()

@@ -6,16 +6,123 @@ users pass (`final`, `averaged`, `best`, `last`, `ckpt-<update>`, a path)
 into files. `load_model_weights` reads only a model's weights (optimizer
 state ignored), `load_state` a state file's weights and optimizer into a
 compiled model for resuming. A damaged file is a `RunError` naming it.
+`run_decoding` is how a run decodes unless told otherwise: the beam size,
+alpha and length limit its `settings.json` records (what its test BLEU and
+its own export used), else the paper's (`DecodingOptions()`).
 """
 
+import dataclasses
 import pathlib
 
 import numpy as np
 
 from keras_transformer import run_vocabulary
+from keras_transformer.model.config import DecodingOptions
 from keras_transformer.runs import (AVERAGED_FILE, BEST_FILE, CHECKPOINT_DIR, CONFIG_FILE,
-                                    MODEL_FILE, TOKENIZER_FILE, VOCABULARY_INFO_FILE,
-                                    RunError, RunFolder, check_state_file)
+                                    DECODING_SETTINGS, MODEL_FILE, SETTINGS_FILE,
+                                    TOKENIZER_FILE, VOCABULARY_INFO_FILE, RunError,
+                                    RunFolder, check_state_file)
+
+# Where a decoding value came from, as `RunDecoding.describe` says it.
+FROM_RUN = "the run's settings"
+FROM_PAPER = "the paper's default"
+_LABELS = {"beam_size": "beam", "alpha": "alpha", "max_extra_length": "max extra length"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDecoding:
+    """The decoding a command uses with a run, and where each value came from.
+
+    Attributes:
+        values: `{name: value}` for `beam_size`, `alpha` and
+            `max_extra_length`; a value may be a list where the caller gave
+            several (`evaluate --beam-sizes 1 4`).
+        sources: `{name: where}`: the flag (or argument) that gave it,
+            `FROM_RUN` or `FROM_PAPER`.
+        note: why the paper's defaults apply, when the run records none.
+    """
+
+    values: dict
+    sources: dict
+    note: str = ""
+
+    @property
+    def options(self):
+        """The `DecodingOptions` of these values (each a single value)."""
+        return DecodingOptions(**self.values)
+
+    def describe(self):
+        """One phrase for a command's stderr line, e.g.
+
+        `beam 4, alpha 1.0, max extra length 50 (the run's settings)`, or
+        `beam 4 (the run's settings), alpha 0.6 (--alpha), max extra length
+        50 (the run's settings)`.
+        """
+        def shown(name, value):
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if name == "beam_size" and list(values) == [1]:
+                return "greedy"
+            return f"{_LABELS[name]} {' or '.join(str(v) for v in values)}"
+
+        parts = [shown(name, self.values[name]) for name in DECODING_SETTINGS]
+        sources = [self.sources[name] for name in DECODING_SETTINGS]
+        if len(set(sources)) > 1:
+            return ", ".join(f"{part} ({where})" for part, where in zip(parts, sources))
+        where = sources[0]
+        if where == FROM_PAPER:
+            where = "the paper's defaults" + (f": {self.note}" if self.note else "")
+        return f"{', '.join(parts)} ({where})"
+
+
+def run_decoding(run_dir, *, beam_size=None, alpha=None, max_extra_length=None, labels=None):
+    """How a run decodes: the values given, else the run's settings, else the paper's.
+
+    The one place that reads a run's decoding defaults, for `export --run`,
+    `translate --run`, `evaluate` and `export_from_run`: the `beam_size`,
+    `alpha` and `max_extra_length` that `settings.json` records (the
+    job's test score and export used them), read as JSON keys; a value the
+    run does not record is `DecodingOptions()`' (the paper's).
+
+    Args:
+        run_dir: a run folder.
+        beam_size, alpha, max_extra_length: given values (`None`: not
+            given); a list stands for several (one row each in `evaluate`).
+        labels: `{name: how the caller was given it}` for `describe`
+            (default the flag, `--beam-size`, `--alpha`, `--max-extra-length`).
+
+    Returns:
+        A `RunDecoding`.
+
+    Raises:
+        RunError: `settings.json` is damaged, or records a value that is not
+            a decoding value (`alpha` -1).
+    """
+    run = RunFolder(run_dir)
+    recorded = run.recorded_decoding()
+    given = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
+    labels = labels or {}
+    values, sources = {}, {}
+    for name in DECODING_SETTINGS:
+        if given[name] is not None:
+            values[name] = given[name]
+            sources[name] = labels.get(name, "--" + name.replace("_", "-"))
+        elif name in recorded:
+            try:
+                values[name] = DecodingOptions.check(name, recorded[name])
+            except ValueError as error:
+                raise RunError(f"{run.settings_file} is damaged: {error}; correct it, or "
+                               f"give the value (--{name.replace('_', '-')})") from None
+            sources[name] = FROM_RUN
+        else:
+            values[name] = getattr(DecodingOptions, name)
+            sources[name] = FROM_PAPER
+        if name == "alpha" and not isinstance(values[name], (list, tuple)):
+            values[name] = float(values[name])  # 1 in the JSON is alpha 1.0
+    note = ""
+    if not recorded:
+        note = (f"{run.settings_file} records no decoding settings"
+                if run.settings_file.is_file() else f"the run has no {SETTINGS_FILE}")
+    return RunDecoding(values, sources, note)
 
 
 def check_run(run_dir):

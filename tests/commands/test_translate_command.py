@@ -452,3 +452,90 @@ def test_run_folder_errors(run, tmp_path, capsys):
     assert "int8 weights or bf16 weights" in error("--run", str(run), "--quantize", "int8",
                                                    "--dtype", "bfloat16")
     assert not (tmp_path / "never.de").exists()
+
+
+# --- a run's decoding settings are the defaults of translate --run and evaluate ----------
+
+
+class _RecordingDecoder(_RecordingTranslator):
+    """`_RecordingTranslator` with `translate` too (what `evaluate` calls)."""
+
+    def translate(self, sentences, *, beam_size=None, alpha=None, progress=False):
+        return self.translate_with_scores(sentences, beam_size=beam_size, alpha=alpha)[0]
+
+
+@pytest.fixture
+def recorded_run(export, tmp_path, monkeypatch):
+    """A copy of the export's run whose settings.json (as `train` writes it) records
+    beam 3, alpha 1.0 and at most 5 extra ids; `Translator` records what reaches it."""
+    import json
+
+    import keras_transformer.inference.translator
+    from keras_transformer.training.settings import Settings
+
+    run_dir = tmp_path / "recorded_run"
+    shutil.copytree(export["run"], run_dir)
+    settings = Settings(preset="tiny", data="demo", output_dir=str(run_dir), beam_size=3,
+                        alpha=1.0, max_extra_length=5)
+    (run_dir / "settings.json").write_text(json.dumps(settings.to_dict(), indent=2))
+    monkeypatch.setattr(keras_transformer.inference.translator, "Translator",
+                        _RecordingDecoder)
+    _MADE.clear()
+    return run_dir
+
+
+@pytest.mark.backend_independent  # plumbing: the model is loaded, never run
+def test_run_decodes_with_its_recorded_settings_unless_a_flag_says(recorded_run, run,
+                                                                   tmp_path, capsys):
+    source, target = tmp_path / "in.en", tmp_path / "out.de"
+    _write_lines(source, ["one", "two"])
+
+    def translate(run_dir, *flags):
+        _MADE.clear()
+        _translate_run(run_dir, source, target, *flags)
+        (translator,) = _MADE
+        ((_, options),) = translator.calls
+        return options, capsys.readouterr().err.splitlines()[0]
+
+    options, line = translate(recorded_run)
+    assert options == DecodingOptions(beam_size=3, alpha=1.0, max_extra_length=5)
+    assert line == (f"keras-transformer translate: {recorded_run}, weights final, beam 3, "
+                    "alpha 1.0, max extra length 5 (the run's settings), batch size 32")
+    options, line = translate(recorded_run, "--alpha", "0.6", "--greedy")
+    assert options == DecodingOptions(beam_size=1, alpha=0.6, max_extra_length=5)
+    assert line.endswith("greedy (--greedy), alpha 0.6 (--alpha), max extra length 5 "
+                         "(the run's settings), batch size 32")
+    # A run that records none (this one has no settings.json) keeps the paper's, and says so.
+    options, line = translate(run)
+    assert options == DecodingOptions()
+    assert line.endswith("beam 4, alpha 0.6, max extra length 50 (the paper's defaults: the "
+                         "run has no settings.json), batch size 32")
+
+
+@pytest.mark.backend_independent  # plumbing: the model is loaded, never run
+def test_evaluate_decodes_with_the_run_s_recorded_settings(recorded_run, tmp_path, capsys):
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_lines(data / "test.en", ["one", "two"])
+    _write_lines(data / "test.de", ["<one>", "<two>"])
+
+    def evaluate(*flags):
+        _MADE.clear()
+        assert main(["evaluate", "--run", str(recorded_run), "--data", str(data),
+                     "--json", str(tmp_path / "rows.json"), *flags]) == 0
+        (translator,) = _MADE
+        rows = json.loads((tmp_path / "rows.json").read_text())
+        return translator, rows, capsys.readouterr().err
+
+    translator, rows, err = evaluate()
+    assert [options for _, options in translator.calls] == [
+        DecodingOptions(beam_size=3, alpha=1.0, max_extra_length=5)]
+    assert [(r["beam_size"], r["alpha"]) for r in rows] == [(3, 1.0)]
+    assert "decoding: beam 3, alpha 1.0, max extra length 5 (the run's settings)" in err
+    translator, rows, err = evaluate("--beam-sizes", "1", "2", "--alpha", "0.5")
+    assert [options for _, options in translator.calls] == [
+        DecodingOptions(beam_size=b, alpha=0.5, max_extra_length=5) for b in (1, 2)]
+    assert ("decoding: beam 1 or 2 (--beam-sizes), alpha 0.5 (--alpha), max extra length 5 "
+            "(the run's settings)") in err

@@ -397,6 +397,38 @@ def test_command_writes_a_folder_that_ctranslate2_loads(run_dir, corpus, tmp_pat
 
 
 @pytest.mark.backend_independent
+def test_the_export_records_the_run_s_decoding_and_translates_with_it(run_dir, corpus,
+                                                                      tmp_path, capsys):
+    """A run trained to decode greedily with at most 3 extra ids: the CTranslate2 folder
+    records that, and `CTranslate2Translator` decodes so by default, as our
+    `Translator` does when given those values (greedy tokens are equal)."""
+    import shutil
+
+    from keras_transformer.inference.loading import load_run
+    from keras_transformer.model.config import DecodingOptions
+    from keras_transformer.training.settings import Settings
+
+    run = tmp_path / "recorded"
+    shutil.copytree(run_dir, run)
+    settings = Settings(preset="tiny", data="demo", output_dir=str(run), beam_size=1,
+                        alpha=1.0, max_extra_length=3)
+    (run / "settings.json").write_text(json.dumps(settings.to_dict()))
+    assert _export("--run", run, "--export-dir", tmp_path / "out") == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(
+        "decode it with greedy, alpha 1.0, max extra length 3 (the run's settings)")
+    path = tmp_path / "out" / "recorded-ct2"
+    recorded = json.loads((path / "keras_transformer.json").read_text())["decoding"]
+    assert (recorded["beam_size"], recorded["alpha"], recorded["max_extra_length"]) == (1, 1.0, 3)
+
+    model, tokenizer = load_run(run)
+    sources = [source for source, _ in corpus["pairs"][:6]]
+    reference = Translator(model, tokenizer, DecodingOptions(beam_size=1, max_extra_length=3))
+    ct2 = CTranslate2Translator(path, intra_threads=1)
+    assert ct2.decoding == DecodingOptions(beam_size=1, alpha=1.0, max_extra_length=3)
+    assert ct2.translate(sources) == reference.translate(sources)
+
+
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("argv, message", [
     (["--beam-size", "5", "--version", "2"],
      "--version, --beam-size apply to --format saved_model only"),

@@ -425,3 +425,104 @@ def test_export_argument_errors(export, tmp_path):
     with pytest.raises(ValueError, match="int8 weights or bf16 weights"):
         export_saved_model(translator, tmp_path, quantize="int8", dtype="bfloat16")
     assert not any(tmp_path.iterdir())
+
+
+# --- a run's decoding settings are export --run's defaults --------------------------------
+
+
+def _run_recording(export, folder, **decoding):
+    """A copy of the export's run folder whose settings.json records `decoding`.
+
+    settings.json is what `keras-transformer train` writes: `Settings.to_dict()`.
+    """
+    from keras_transformer.training.settings import Settings
+
+    run = folder / "run"
+    shutil.copytree(export["run"], run)
+    settings = Settings(preset="tiny", data="demo", output_dir=str(run),
+                        export_dir=str(folder / "job_export"), **decoding)
+    (run / "settings.json").write_text(json.dumps(settings.to_dict(), indent=2))
+    return run, settings
+
+
+def test_export_run_decodes_with_the_run_s_settings_unless_a_flag_says(export, tmp_path,
+                                                                      capsys, monkeypatch):
+    """`export --run` of a run trained with alpha 1.0 exports alpha 1.0; `--alpha` overrides.
+
+    The references: the job's own export of the run (`job.export_run`, what
+    `train` writes at its end), and a `Translator` given the run's values
+    explicitly (beam 3, alpha 1.0, at most 5 extra ids, none of them a
+    default): their translations, and their scores, which depend on alpha.
+    """
+    from keras_transformer import runs
+    from keras_transformer.commands import main
+    from keras_transformer.export import saved_model
+    from keras_transformer.model.config import DecodingOptions
+    from keras_transformer.training import job
+
+    run, settings = _run_recording(export, tmp_path, beam_size=3, alpha=1.0,
+                                   max_extra_length=5)
+    # One batch (one compiled search for the reference): 7 sentences, a blank one.
+    base, sentences = tmp_path / "saved_models", export["sentences"][:5] + ["", "Hello world."]
+
+    def export_options(*flags):
+        assert main(["export", "--run", str(run), "--export-dir", str(base),
+                     "--batch-size", "8", *flags]) == 0
+        out, err = capsys.readouterr()
+        path = pathlib.Path(out.strip().splitlines()[-1])
+        options = path / "assets.extra" / "export_options.json"
+        return path, json.loads(options.read_text()) if options.exists() else None, err
+
+    path, options, err = export_options()
+    assert "keras-transformer export: decoding: beam 3, alpha 1.0, max extra length 5 " \
+        "(the run's settings)\n" in err
+    assert (options["beam_size"], options["alpha"], options["max_extra_length"]) == (3, 1.0, 5)
+    model, tokenizer = export["translator"].model, export["translator"].tokenizer
+    reference = Translator(model, tokenizer, DecodingOptions(beam_size=3, alpha=1.0,
+                                                             max_extra_length=5), batch_size=8)
+    expected, expected_scores = reference.translate_with_scores(sentences)
+    translations, scores = _call(tf.saved_model.load(str(path)), sentences)
+    assert translations == expected
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-4)
+    assert sum(bool(t) for t in translations) == 6 and scores[5] == 0.0
+    # The job's own export of the same run: the same options, the same answers.
+    job_path = job.export_run(Translator(model, tokenizer, settings.decoding_options()),
+                              runs.RunFolder(run), settings)
+    job_options = json.loads((job_path / "assets.extra" / "export_options.json").read_text())
+    decoding_keys = ("beam_size", "alpha", "max_extra_length", "max_source_length")
+    assert {k: options[k] for k in decoding_keys} == {k: job_options[k] for k in decoding_keys}
+    job_translations, job_scores = _call(tf.saved_model.load(str(job_path)), sentences)
+    assert job_translations == translations
+    np.testing.assert_allclose(job_scores, scores, rtol=1e-5, atol=1e-5)
+
+    # A flag overrides one value; the others stay the run's. The command says which.
+    # (What reaches export_saved_model is recorded: export_from_run calls it in
+    # this process under TensorFlow, in a TensorFlow child under JAX or PyTorch.)
+    made = []
+    if keras.backend.backend() == "tensorflow":
+        monkeypatch.setattr(saved_model, "export_saved_model",
+                            lambda translator, *_, **__: made.append(translator.options)
+                            or base / "run" / "2")
+    path, options, err = export_options("--alpha", "0.6")
+    if made:
+        assert made == [DecodingOptions(beam_size=3, alpha=0.6, max_extra_length=5)]
+    else:
+        assert (options["beam_size"], options["alpha"], options["max_extra_length"]) == \
+            (3, 0.6, 5)
+    assert ("decoding: beam 3 (the run's settings), alpha 0.6 (--alpha), max extra length 5 "
+            "(the run's settings)") in err
+
+
+@pytest.mark.backend_independent  # reads settings.json; nothing is decoded
+def test_a_run_that_recorded_greedy_decoding_is_exported_with_beam_2(export, tmp_path):
+    """As the job's own export: serving_default is a beam search; a flag still decides."""
+    from keras_transformer.export.saved_model import serving_decoding
+    from keras_transformer.model.config import DecodingOptions
+
+    run, _ = _run_recording(export, tmp_path, beam_size=1, alpha=1.0)
+    decoding = serving_decoding(run)
+    assert decoding.options == DecodingOptions(beam_size=2, alpha=1.0)
+    assert decoding.describe() == (
+        "beam 2 (the run's settings say greedy; serving_default is a beam search), "
+        "alpha 1.0 (the run's settings), max extra length 50 (the run's settings)")
+    assert serving_decoding(run, beam_size=5).options.beam_size == 5
