@@ -111,16 +111,21 @@ def test_defaults_come_from_names_and_decoding_options(monkeypatch):
         "export --export-dir": ("saved_models", "base folder (default saved_models): "
                                 "<export-dir>/<model-name>/<version>/ for a SavedModel, "
                                 "<export-dir>/<model-name>-ct2[-<quantize>]/ for CTranslate2"),
-        "export --beam-size": (None, "saved_model: of serving_default (default 4)"),
-        "export --alpha": (None, "saved_model: length penalty (default 0.6)"),
-        "export --max-extra-length": (None, "saved_model: default 50"),
-        "evaluate --beam-sizes": ([4], "1 = greedy (default 4)"),
-        "evaluate --alpha": (None, "length penalty (default 0.6); several values give a row "
-                                   "each (tune it on a validation split, not on the test set)"),
-        "translate --beam-size": (None, "default 4; 1 = greedy"),
-        "translate --alpha": (None, "length-penalty strength (default 0.6)"),
+        "export --beam-size": (None, "saved_model: of serving_default (default the run's "
+                                     "settings.json, else 4)"),
+        "export --alpha": (None, "saved_model: length penalty (default the run's "
+                                 "settings.json, else 0.6)"),
+        "export --max-extra-length": (None, "saved_model: outputs have at most source length "
+                                            "+ this many ids (default the run's "
+                                            "settings.json, else 50)"),
+        "evaluate --beam-sizes": (None, "1 = greedy (default the run's settings.json, else 4)"),
+        "evaluate --alpha": (None, "length penalty (default the run's settings.json, else "
+                                   "0.6); several values give a row each (tune it on a "
+                                   "validation split, not on the test set)"),
+        "translate --beam-size": (None, "default the run's, else 4; 1 = greedy"),
+        "translate --alpha": (None, "length-penalty strength (default the run's, else 0.6)"),
         "translate --max-extra-length": (None, "outputs have at most source length + this "
-                                               "many ids (default 50)"),
+                                               "many ids (default the run's, else 50)"),
     }
     # Other defaults in DecodingOptions and names: every flag says them.
     for module in (export_command, evaluate_command, translate_command):
@@ -131,16 +136,21 @@ def test_defaults_come_from_names_and_decoding_options(monkeypatch):
     assert changed["export --export-dir"][0] == "elsewhere"
     assert changed["export --export-dir"][1].startswith("base folder (default elsewhere): ")
     assert {flag: value for flag, value in changed.items() if flag != "export --export-dir"} == {
-        "export --beam-size": (None, "saved_model: of serving_default (default 7)"),
-        "export --alpha": (None, "saved_model: length penalty (default 0.25)"),
-        "export --max-extra-length": (None, "saved_model: default 9"),
-        "evaluate --beam-sizes": ([7], "1 = greedy (default 7)"),
-        "evaluate --alpha": (None, "length penalty (default 0.25); several values give a row "
-                                   "each (tune it on a validation split, not on the test set)"),
-        "translate --beam-size": (None, "default 7; 1 = greedy"),
-        "translate --alpha": (None, "length-penalty strength (default 0.25)"),
+        "export --beam-size": (None, "saved_model: of serving_default (default the run's "
+                                     "settings.json, else 7)"),
+        "export --alpha": (None, "saved_model: length penalty (default the run's "
+                                 "settings.json, else 0.25)"),
+        "export --max-extra-length": (None, "saved_model: outputs have at most source length "
+                                            "+ this many ids (default the run's "
+                                            "settings.json, else 9)"),
+        "evaluate --beam-sizes": (None, "1 = greedy (default the run's settings.json, else 7)"),
+        "evaluate --alpha": (None, "length penalty (default the run's settings.json, else "
+                                   "0.25); several values give a row each (tune it on a "
+                                   "validation split, not on the test set)"),
+        "translate --beam-size": (None, "default the run's, else 7; 1 = greedy"),
+        "translate --alpha": (None, "length-penalty strength (default the run's, else 0.25)"),
         "translate --max-extra-length": (None, "outputs have at most source length + this "
-                                               "many ids (default 9)"),
+                                               "many ids (default the run's, else 9)"),
     }
 
 

@@ -16,7 +16,8 @@ QUANTIZATIONS = names.CTRANSLATE2_QUANTIZATIONS
 # translates, so they mean nothing to its export. Their parser defaults are
 # None so that a value given with --format ctranslate2 is refused, not ignored.
 _SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_source_length",
-                     "max_extra_length", "batch_size", "dtype")
+                     "max_extra_length", "batch_size", "dtype", "xla", "xla_batch_sizes",
+                     "xla_widths")
 # The SavedModel's own weight quantization (Keras' model.quantize).
 SAVED_MODEL_QUANTIZATIONS = names.KERAS_QUANTIZATIONS
 
@@ -54,8 +55,6 @@ def _export_saved_model(args, run_dir):
                                     max_extra_length=args.max_extra_length)
     except FileNotFoundError as error:
         raise CommandError(str(error)) from None
-    if not args.quiet:
-        say(f"{PROG} export", f"decoding: {decoding.describe()}", error=False)
     try:
         path = export_from_run(
             run_dir, args.export_dir, model_name=args.model_name, weights=args.weights,
@@ -63,6 +62,8 @@ def _export_saved_model(args, run_dir):
             **options)
     except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as error:
         raise CommandError(str(error)) from None
+    if not args.quiet:  # once written: a failed export's error is its only line
+        say(f"{PROG} export", f"decoding: {decoding.describe()}", error=False)
     print(path)
     return 0
 
@@ -142,6 +143,18 @@ def add_parser(commands):
     e.add_argument("--batch-size", type=int,
                    help="saved_model: sentences decoded at once; a larger request is "
                         "decoded in chunks of this many (default 32)")
+    e.add_argument("--xla", action="store_const", const=True,
+                   help="saved_model: compile the searches with XLA for a few bucket shapes "
+                        "(as the in-process Translator runs); TF Serving must run with "
+                        "--xla_cpu_compilation_enabled=true; its warm-up requests compile "
+                        "every bucket at load (docs/serving.md, XLA)")
+    e.add_argument("--xla-batch-sizes", type=int, nargs="+", metavar="N",
+                   help="saved_model --xla: chunk sizes compiled for; a chunk is padded up to "
+                        "the next (default 1 8 and --batch-size)")
+    e.add_argument("--xla-widths", type=int, nargs="+", metavar="N",
+                   help="saved_model --xla: source widths (ids, EOS included) compiled for; "
+                        "a chunk is padded up to the next (default 16 32 64 and "
+                        "--max-source-length)")
     e.add_argument("--overwrite", action="store_true",
                    help="replace an existing version (saved_model) or folder (ctranslate2)")
     e.add_argument("--quiet", "-q", action="store_true")

@@ -212,10 +212,10 @@ def evaluate_run(run_dir, corpus_dir, *, splits=("test",), weights=("final",),
               for name, value in decoding.values.items()}
     beam_sizes, alphas = values["beam_size"], values["alpha"]
     options = DecodingOptions(max_extra_length=decoding.values["max_extra_length"])
-    if verbose:
-        logger.info(f"decoding: {decoding.describe()}")
     weight_paths = {name: loading.resolve_weights(run_dir, name) for name in weights}
     model, tokenizer = loading.load_run(run_dir)
+    if verbose:  # once the run has loaded: a damaged run's error is the only line
+        logger.info(f"decoding: {decoding.describe()}")
     final = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
     rows = []
     for name, path in weight_paths.items():

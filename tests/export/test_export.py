@@ -46,8 +46,10 @@ def test_layout_is_tf_serving_model_version(export):
     assert (path / "saved_model.pb").is_file() and (path / "variables").is_dir()
     asset = path / "assets" / "spm.model"
     assert asset.read_bytes() == export["translator"].tokenizer.model_proto
-    # Only the version folder is left: no half-written staging folder.
-    assert sorted(p.name for p in path.parent.iterdir()) == ["1"]
+    # Only the version folder is left: no half-written staging folder (and the
+    # lock file exports publish under, a hidden file TF Serving ignores).
+    assert sorted(p.name for p in path.parent.iterdir()) == [".publish.lock", "1"]
+    assert (path.parent / ".publish.lock").is_file()
     assert next_version(path.parent) == 2
     options = json.loads((path / "assets.extra" / "export_options.json").read_text())
     assert options["beam_size"] == BEAM_SIZE and options["max_source_length"] == MAX_LENGTH
