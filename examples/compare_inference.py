@@ -18,6 +18,9 @@ does), so that no two runtimes share the cores:
 - `saved-model`, `saved-model-int8`, `saved-model-bf16`: a process that imports only TensorFlow
   and TensorFlow Text loads the export (as a model server does) and calls
   `serving_default` with batches of `--batch-size` sentences;
+  `saved-model-xla` the same for the XLA-compiled export (`export --xla`,
+  its default buckets), whose load time here includes replaying its
+  warm-up requests (every compiled shape), as TF Serving does at load;
 - `ct2`, `ct2-int8`: `CTranslate2Translator` on the CTranslate2 exports
   (finished hypotheses ranked by our GNMT penalty at `--alpha`, or by
   CTranslate2's `|Y| ** length_penalty` with `--length-penalty`).
@@ -69,7 +72,8 @@ from benchmark_decoding import (  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 # name: (kind, variant: None for float32, "int8" weights or "bf16" weights and
-# arithmetic). The first is the reference of "identical".
+# arithmetic, "xla" the XLA-compiled export). The first is the reference of
+# "identical".
 SYSTEMS = {
     "translator": ("translator", None),
     "translator-int8": ("translator", "int8"),
@@ -77,6 +81,7 @@ SYSTEMS = {
     "saved-model": ("saved_model", None),
     "saved-model-int8": ("saved_model", "int8"),
     "saved-model-bf16": ("saved_model", "bf16"),
+    "saved-model-xla": ("saved_model", "xla"),
     "ct2": ("ct2", None),
     "ct2-int8": ("ct2", "int8"),
 }
@@ -183,7 +188,7 @@ def prepare(spec):
                 beam_size=max(options["beam_size"], 2), alpha=options["alpha"],
                 max_extra_length=options["max_extra_length"], batch_size=spec["batch_size"],
                 quantize=quantize, dtype="bfloat16" if variant == "bf16" else None,
-                overwrite=True))
+                xla=variant == "xla", overwrite=True))
         elif kind == "ct2":
             paths[name] = str(export_ctranslate2_from_run(
                 spec["run"], base, model_name="ours", weights=spec["weights"],
@@ -217,11 +222,23 @@ def _translator(spec, variant):
     return translator.translate, info
 
 
-def _saved_model(spec, path):
+def _saved_model(spec, path, variant):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 - registers the SentencePiece ops
 
     loaded = tf.saved_model.load(path)
+    foreign = sorted(m for m in ("keras_transformer", "torch") if m in sys.modules)
+    replay = None
+    if variant == "xla":
+        # As TF Serving loads a version: its warm-up requests first (every
+        # compiled shape), before any request is answered. (The records are
+        # read with the package's parser, after the check above: the model
+        # itself needs TensorFlow and TensorFlow Text only.)
+        from keras_transformer.export.warmup import replay_warmup_requests
+
+        start = time.perf_counter()
+        replay_warmup_requests(path, loaded=loaded)
+        replay = round(time.perf_counter() - start, 1)
     signature = loaded.signatures["serving_default"] if spec["options"]["beam_size"] > 1 \
         else loaded.signatures["translate_greedy"]
     batch_size = spec["batch_size"]
@@ -233,9 +250,10 @@ def _saved_model(spec, path):
             outputs += [t.decode("utf-8") for t in result["translation"].numpy()]
         return outputs
 
-    foreign = sorted(m for m in ("keras_transformer", "torch") if m in sys.modules)
     info = {"tensorflow": tf.__version__, "tensorflow_text": tensorflow_text.__version__,
             "foreign_modules": foreign}
+    if replay is not None:
+        info["warmup_replay_seconds"] = replay
     return translate, info
 
 
@@ -262,7 +280,7 @@ def run_system(name, spec):
     if kind == "translator":
         translate, info = _translator(spec, variant)
     elif kind == "saved_model":
-        translate, info = _saved_model(spec, spec["paths"][name])
+        translate, info = _saved_model(spec, spec["paths"][name], variant)
     else:
         translate, info = _ct2(spec, spec["paths"][name])
     load_seconds = time.perf_counter() - start
@@ -324,7 +342,7 @@ def comparisons(summary):
                 lines.append(
                     f"{variant_name} vs {float_name}: BLEU {b['bleu'] - a['bleu']:+.2f}, "
                     f"speed {b['sentences_per_second'] / a['sentences_per_second']:.2f}x")
-    for served, search in (("saved-model", "translator"),
+    for served, search in (("saved-model", "translator"), ("saved-model-xla", "translator"),
                            ("saved-model-int8", "translator-int8"),
                            ("saved-model-bf16", "translator-bf16")):
         if ok(served) and ok(search):

@@ -142,11 +142,13 @@ BACKEND_INDEPENDENT_MODULES = {
 # Modules whose module-scoped fixtures are expensive (an export, a trained
 # run) go to one pytest-xdist worker each (`--dist loadgroup`), so that the
 # fixture is built once; test_export.py's export is shared with test_cli.py
-# and test_translate_command.py through `exported()`, so the three are one group.
+# test_translate_command.py and test_xla_export.py through `exported()`, so the four
+# are one group.
 XDIST_GROUPS = {
     "test_export.py": "export",
     "test_cli.py": "export",
     "test_translate_command.py": "export",
+    "test_xla_export.py": "export",
     "test_serving_warmup.py": "serving_warmup",
     "test_ctranslate2.py": "ctranslate2",
     "test_data_prepared.py": "prepared",

@@ -6,6 +6,9 @@ callback (`PyFunc`), a TF Addons custom op or an XLA-only op outside a
 compiled cluster would load and then fail on its first request. The export
 lists the op types of its graphs and function library (`saved_model_ops`)
 and refuses to finish when any of them is among those (`forbidden_ops`).
+A compiled export (`export --xla`) holds functions that run under XLA
+(`_XlaMustCompile`), where XLA-only ops belong: `outside_compiled=True`
+leaves out their ops and those of every function they call.
 """
 
 import pathlib
@@ -18,11 +21,15 @@ _FORBIDDEN_PREFIXES = ("Addons>", "Xla", "_Xla")
 __all__ = ["forbidden_ops", "saved_model_ops"]
 
 
-def saved_model_ops(export_dir):
+def saved_model_ops(export_dir, *, outside_compiled=False):
     """The set of op types in a SavedModel's graphs and function library.
 
     Args:
         export_dir: a SavedModel directory (with `saved_model.pb`).
+        outside_compiled: leave out the functions that XLA compiles (their
+            `_XlaMustCompile` attribute is true) and the functions they
+            call (loop bodies, branches), which run inside the compiled
+            cluster.
 
     Returns:
         A sorted list of op type names.
@@ -36,9 +43,38 @@ def saved_model_ops(export_dir):
     for meta_graph in proto.meta_graphs:
         graph = meta_graph.graph_def
         ops.update(node.op for node in graph.node)
-        for function in graph.library.function:
-            ops.update(node.op for node in function.node_def)
+        functions = {f.signature.name: f for f in graph.library.function}
+        compiled = _compiled_functions(functions) if outside_compiled else set()
+        for name, function in functions.items():
+            if name not in compiled:
+                ops.update(node.op for node in function.node_def)
     return sorted(ops)
+
+
+def _called(function):
+    """Names of the functions a `FunctionDef`'s nodes call (attributes and ops)."""
+    names = set()
+    for node in function.node_def:
+        names.add(node.op)  # a function called as an op
+        for value in node.attr.values():
+            if value.HasField("func"):
+                names.add(value.func.name)
+            names.update(f.name for f in value.list.func)
+    return names
+
+
+def _compiled_functions(functions):
+    """The functions marked `_XlaMustCompile` and all those they reach."""
+    todo = [name for name, f in functions.items()
+            if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b]
+    seen = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in functions:
+            continue
+        seen.add(name)
+        todo.extend(_called(functions[name]))
+    return seen
 
 
 def forbidden_ops(ops):

@@ -53,7 +53,8 @@ import tensorflow as tf
 from keras_transformer import names
 from keras_transformer.export.op_audit import forbidden_ops, saved_model_ops
 from keras_transformer.export.translation_module import (BEAM_SIGNATURE, DEFAULT_BATCH_SIZE,
-                                                         GREEDY_SIGNATURE, TranslationModule)
+                                                         GREEDY_SIGNATURE, TranslationModule,
+                                                         XlaBuckets)
 from keras_transformer.export.warmup import write_warmup_requests
 from keras_transformer.files import (WriteError, file_lock, replace_with_staged, save_weights,
                                      staging_dir)
@@ -150,7 +151,8 @@ def publish_version(staged, model_dir, version=None, overwrite=False):
 # --- export ----------------------------------------------------------------------
 
 
-def _resolve_options(config, decoding, max_source_length, batch_size, quantize, dtype):
+def _resolve_options(config, decoding, max_source_length, batch_size, quantize, dtype,
+                     xla=False, xla_batch_sizes=None, xla_widths=None):
     if decoding.greedy:
         raise ValueError("beam_size (of serving_default) must be an integer >= 2 "
                          "(translate_greedy is the beam-1 search), received 1")
@@ -173,16 +175,26 @@ def _resolve_options(config, decoding, max_source_length, batch_size, quantize, 
         batch_size = DEFAULT_BATCH_SIZE
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, received {batch_size!r}")
-    return dict(beam_size=decoding.beam_size, alpha=decoding.alpha,
-                max_extra_length=decoding.max_extra_length,
-                max_source_length=max_source_length, batch_size=batch_size,
-                quantize=quantize, dtype=dtype)
+    if not xla and (xla_batch_sizes is not None or xla_widths is not None):
+        raise ValueError("xla_batch_sizes and xla_widths are the buckets of an XLA export: "
+                         "give xla=True too")
+    options = dict(beam_size=decoding.beam_size, alpha=decoding.alpha,
+                   max_extra_length=decoding.max_extra_length,
+                   max_source_length=max_source_length, batch_size=batch_size,
+                   quantize=quantize, dtype=dtype, xla=bool(xla))
+    if xla:
+        buckets = XlaBuckets.resolve(xla_batch_sizes, xla_widths, batch_size=batch_size,
+                                     max_source_length=max_source_length)
+        options.update(xla_batch_sizes=list(buckets.batch_sizes),
+                       xla_widths=list(buckets.widths))
+    return options
 
 
 def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAULT_MODEL_NAME,
                        version=None, beam_size=None, alpha=None, max_source_length=None,
                        max_extra_length=None, batch_size=DEFAULT_BATCH_SIZE, quantize=None,
-                       dtype=None, overwrite=False, verbose=False):
+                       dtype=None, xla=False, xla_batch_sizes=None, xla_widths=None,
+                       overwrite=False, verbose=False):
     """Writes a translator as a TF Serving SavedModel `<export_dir>/<model_name>/<version>/`.
 
     See the module docstring for the signatures and the input handling. Under
@@ -221,6 +233,15 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
             SavedModel runs on any CPU; without bf16 instructions
             (avx512_bf16, amx_bf16) it is slower than float32 (figures:
             docs/bf16.md).
+        xla: compile the searches with XLA (`translation_module`'s
+            docstring), for the bucket shapes below; the model server must
+            run compiled functions (`tensorflow_model_server
+            --xla_cpu_compilation_enabled=true` on CPU). The warm-up
+            requests cover every bucket of both signatures.
+        xla_batch_sizes: with `xla`, the chunk sizes compiled for (default
+            `DEFAULT_XLA_BATCH_SIZES`, and always `batch_size`).
+        xla_widths: with `xla`, the source widths compiled for (default
+            `DEFAULT_XLA_WIDTHS`, and always `max_source_length`).
         overwrite: replace an existing version folder (never done otherwise).
         verbose: print what is written.
 
@@ -243,7 +264,7 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
     model_dtype = model.dtype_policy.name
     dtype = dtype or (model_dtype if model_dtype in DECODING_DTYPES else "float32")
     options = _resolve_options(model.config, decoding, max_source_length, batch_size,
-                               quantize, dtype)
+                               quantize, dtype, xla, xla_batch_sizes, xla_widths)
     model_dir, version = _check_version(export_dir, model_name, version, overwrite)
     already = getattr(model.target_embedding, "quantization_mode", None)
     if already and quantize:
@@ -282,8 +303,10 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
     if verbose:
         weights = quantize or already or (dtype if dtype != "float32" else None)
         weights = f", {weights} weights" if weights else ""
+        compiled = (f", XLA-compiled for batches of {options['xla_batch_sizes']} and source "
+                    f"widths {options['xla_widths']}" if options["xla"] else "")
         print(f"Exported {BEAM_SIGNATURE} (beam {options['beam_size']}, alpha "
-              f"{options['alpha']}{weights}) and {GREEDY_SIGNATURE} to {target}")
+              f"{options['alpha']}{weights}) and {GREEDY_SIGNATURE}{compiled} to {target}")
     return target
 
 
@@ -327,10 +350,12 @@ def _write_version(staging, model_dir, version, overwrite, model, tokenizer, dec
         model = quantized(model, quantize)
     module = TranslationModule(
         model, tokenizer, decoding, tokenizer_file=asset_file,
-        max_source_length=options["max_source_length"], batch_size=options["batch_size"])
+        max_source_length=options["max_source_length"], batch_size=options["batch_size"],
+        xla_buckets=XlaBuckets(tuple(options["xla_batch_sizes"]), tuple(options["xla_widths"]))
+        if options["xla"] else None)
     out = staging / "model"
     tf.saved_model.save(module, str(out), signatures=module.signatures())
-    bad = forbidden_ops(saved_model_ops(out))
+    bad = forbidden_ops(saved_model_ops(out, outside_compiled=True))
     if bad:
         raise RuntimeError(f"the exported graph contains ops TF Serving cannot run: {bad}")
     (out / "assets.extra").mkdir(exist_ok=True)
@@ -339,8 +364,14 @@ def _write_version(staging, model_dir, version, overwrite, model, tokenizer, dec
              config=model.config.to_dict(), tensorflow=tf.__version__,
              tensorflow_text=_tf_text_version()), indent=2))
     # TF Serving replays these requests when it loads the version: a few
-    # lengths per signature at batch 1 and at batch_size.
-    write_warmup_requests(out, model_name=model_name)
+    # lengths per signature at batch 1 and at batch_size; for an XLA export
+    # every compiled shape, so that no request pays a compilation.
+    if options["xla"]:
+        write_warmup_requests(out, model_name=model_name,
+                              batch_sizes=options["xla_batch_sizes"],
+                              lengths=options["xla_widths"])
+    else:
+        write_warmup_requests(out, model_name=model_name)
     return publish_version(out, model_dir, version, overwrite)
 
 
@@ -421,8 +452,8 @@ def serving_decoding(run_dir, *, beam_size=None, alpha=None, max_extra_length=No
 def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
                     version=None, weights=None, beam_size=None, alpha=None,
                     max_source_length=None, max_extra_length=None,
-                    batch_size=DEFAULT_BATCH_SIZE, quantize=None, dtype=None,
-                    overwrite=False, verbose=False):
+                    batch_size=DEFAULT_BATCH_SIZE, quantize=None, dtype=None, xla=False,
+                    xla_batch_sizes=None, xla_widths=None, overwrite=False, verbose=False):
     """Exports a training output folder (`model.keras` + `spm.model`) for TF Serving.
 
     Works from any Keras backend: outside TensorFlow it re-runs itself in a
@@ -440,7 +471,8 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             `loading.resolve_weights` (`best`, `last`, `ckpt-<update>`, ...) or
             a `.weights.h5` path.
         beam_size, alpha, max_source_length, max_extra_length, batch_size,
-            quantize, dtype, overwrite, verbose: as in
+            quantize, dtype, xla, xla_batch_sizes, xla_widths, overwrite,
+            verbose: as in
             `export_saved_model`, except that `beam_size`, `alpha` and
             `max_extra_length` default (`None`) to the run's: its
             `settings.json`, else the paper's `DecodingOptions()`
@@ -468,7 +500,8 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
             run_dir, export_dir, model_name=model_name, version=version,
             overwrite=overwrite, verbose=verbose, beam_size=beam_size, alpha=alpha,
             max_source_length=max_source_length, max_extra_length=max_extra_length,
-            batch_size=batch_size, quantize=quantize, dtype=dtype, weights=weights)
+            batch_size=batch_size, quantize=quantize, dtype=dtype, xla=xla,
+            xla_batch_sizes=xla_batch_sizes, xla_widths=xla_widths, weights=weights)
 
     from keras_transformer.inference.translator import Translator
 
@@ -480,6 +513,7 @@ def export_from_run(run_dir, export_dir=DEFAULT_BASE, *, model_name=None,
     return export_saved_model(
         translator, export_dir, model_name=model_name, version=version,
         max_source_length=max_source_length, batch_size=batch_size, quantize=quantize,
+        xla=xla, xla_batch_sizes=xla_batch_sizes, xla_widths=xla_widths,
         dtype=dtype, overwrite=overwrite, verbose=verbose)
 
 

@@ -46,12 +46,28 @@ no faster; `examples/benchmark_export.py` compares two checkouts' exports,
 and the current export's size, load time and speed are in docs/results.md
 ("Export size, load and first request").
 
-The searches are traced uncompiled (no `jit_compile`), since the stock model
-server does not run XLA clusters by default; their buffer updates then use
-the core op `TensorStridedSliceUpdate` rather than the XLA-only
-`XlaDynamicUpdateSlice` (`keras_transformer.model.layers.updates.slice_update`);
+The searches are traced uncompiled (no `jit_compile`) by default, since the
+stock model server does not run XLA clusters by default; their buffer
+updates then use the core op `TensorStridedSliceUpdate` rather than the
+XLA-only `XlaDynamicUpdateSlice`
+(`keras_transformer.model.layers.updates.slice_update`);
 `keras_transformer.export.op_audit` checks the exported graph.
+
+With `xla_buckets` (`export --xla`) the search is compiled instead, as the
+in-process `Translator`'s is: tokenizing, sorting, chunking and
+detokenizing stay in the plain graph (strings cannot enter a compiled
+function) around a `tf.function(jit_compile=True)` on int ids, whose
+`_XlaMustCompile` attribute the SavedModel keeps. XLA compiles once per
+input shape, so shapes come from a few buckets: a chunk's rows are padded
+up to the smallest of `XlaBuckets.batch_sizes` that holds them (all-pad
+rows, skipped by the search) and its width up to the smallest of
+`XlaBuckets.widths` (pad columns, which change no output), one traced
+search per width behind a `tf.switch_case`; the padding rows are cut from
+the answer. The model server must run compiled functions
+(`tensorflow_model_server --xla_cpu_compilation_enabled=true` on CPU).
 """
+
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -62,7 +78,54 @@ GREEDY_SIGNATURE = names.GREEDY_SIGNATURE
 INPUT_NAME = names.INPUT_NAME
 DEFAULT_BATCH_SIZE = 32
 
-__all__ = ["BEAM_SIGNATURE", "DEFAULT_BATCH_SIZE", "GREEDY_SIGNATURE", "TranslationModule"]
+# The compiled export's shapes (`export --xla`): chunk rows and source widths
+# are padded up to these (the widths capped at `max_source_length`, which is
+# always one). Chosen by measurement: docs/serving.md, "XLA".
+DEFAULT_XLA_BATCH_SIZES = (1, 8, 32)
+DEFAULT_XLA_WIDTHS = (16, 32, 64)
+
+__all__ = ["BEAM_SIGNATURE", "DEFAULT_BATCH_SIZE", "DEFAULT_XLA_BATCH_SIZES",
+           "DEFAULT_XLA_WIDTHS", "GREEDY_SIGNATURE", "TranslationModule", "XlaBuckets"]
+
+
+class XlaBuckets(NamedTuple):
+    """The input shapes a compiled export's searches are compiled for.
+
+    Attributes:
+        batch_sizes: chunk rows are padded up to the smallest that holds
+            them; the largest is the export's `batch_size`.
+        widths: source ids (EOS included) are padded up to the smallest that
+            holds the chunk's longest sentence; the largest is
+            `max_source_length`.
+    """
+
+    batch_sizes: tuple
+    widths: tuple
+
+    @classmethod
+    def resolve(cls, batch_sizes, widths, *, batch_size, max_source_length):
+        """Sorted, checked buckets that end at `batch_size` and `max_source_length`.
+
+        `None` takes `DEFAULT_XLA_BATCH_SIZES` / `DEFAULT_XLA_WIDTHS`; sizes
+        above the limit are dropped and the limit is added.
+
+        Raises:
+            ValueError: a size that is not a positive integer (a width needs 2:
+                a piece and EOS).
+        """
+        def checked(name, values, low, limit):
+            values = tuple(values)
+            if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < low
+                                 for v in values):
+                raise ValueError(f"{name} must be integers of at least {low}, "
+                                 f"received {list(values)}")
+            return tuple(sorted({v for v in values if v < limit} | {limit}))
+
+        return cls(
+            checked("xla batch sizes", DEFAULT_XLA_BATCH_SIZES if batch_sizes is None
+                    else batch_sizes, 1, batch_size),
+            checked("xla widths", DEFAULT_XLA_WIDTHS if widths is None else widths, 2,
+                    max_source_length))
 
 
 class _Untracked:
@@ -87,6 +150,8 @@ class TranslationModule(tf.Module):
             in chunks of this many (longest first).
         tokenizer_file: the SentencePiece model file, tracked as the
             SavedModel's asset (`assets/spm.model`); `None` for none.
+        xla_buckets: an `XlaBuckets` (`XlaBuckets.resolve`) to compile the
+            searches for those shapes; `None` (default) for the plain graph.
         name: the `tf.Module`'s name.
 
     Example:
@@ -97,7 +162,8 @@ class TranslationModule(tf.Module):
     """
 
     def __init__(self, model, tokenizer, options, *, max_source_length,
-                 batch_size=DEFAULT_BATCH_SIZE, tokenizer_file=None, name="translation"):
+                 batch_size=DEFAULT_BATCH_SIZE, tokenizer_file=None, xla_buckets=None,
+                 name="translation"):
         super().__init__(name=name)
         config = model.config
         # Not tracked as a Keras object (only its variables are saved): the
@@ -112,6 +178,7 @@ class TranslationModule(tf.Module):
         self._options = options
         self._max_source_length = max_source_length
         self._batch_size = batch_size
+        self._xla_buckets = xla_buckets
         self._output_width = self._buffer_length(max_source_length)
         spec = [tf.TensorSpec([None], tf.string, name=INPUT_NAME)]
         # Out of attribute tracking: saved once, as signatures (tracked
@@ -150,14 +217,51 @@ class TranslationModule(tf.Module):
 
     def _search(self, source_ids, beam_size):
         """int32 (b, w) ids, both sizes dynamic -> (b, output width) tokens, (b,) scores."""
+        if self._xla_buckets is not None:
+            return self._compiled_search(source_ids, beam_size)
         from keras_transformer.inference.decoding import decode
 
         options = self._options.replace(beam_size=beam_size)
         tokens, scores = decode(self._untracked.value, source_ids, options, jit_compile=False)
+        return self._full_width(tokens), tf.convert_to_tensor(scores)
+
+    def _full_width(self, tokens):
+        """Tokens padded to the signature's one output width."""
         tokens = tf.convert_to_tensor(tokens)
         pad = self._output_width - tf.shape(tokens)[1]
         tokens = tf.pad(tokens, [[0, 0], [0, pad]], constant_values=self._config.pad_id)
-        return tf.ensure_shape(tokens, [None, self._output_width]), tf.convert_to_tensor(scores)
+        return tf.ensure_shape(tokens, [None, self._output_width])
+
+    def _compiled_search(self, source_ids, beam_size):
+        """`_search` compiled by XLA on bucket shapes (`xla_buckets`).
+
+        The rows are padded up to a batch bucket (all-pad rows, which the
+        search skips) and cut from the answer; the width is padded up to a
+        width bucket, one traced compiled search per width (`tf.switch_case`)
+        so that each is traced with a static width.
+        """
+        from keras_transformer.inference.decoding import decode
+
+        options = self._options.replace(beam_size=beam_size)
+        batch_sizes, widths = self._xla_buckets
+        rows, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+        sizes = tf.constant(batch_sizes, tf.int32)
+        padded_rows = tf.gather(sizes, tf.argmax(tf.cast(sizes >= rows, tf.int32),
+                                                 output_type=tf.int32))
+        bucket = tf.argmax(tf.cast(tf.constant(widths, tf.int32) >= width, tf.int32),
+                           output_type=tf.int32)
+
+        def branch(bucket_width):
+            def search():
+                ids = tf.pad(source_ids, [[0, padded_rows - rows], [0, bucket_width - width]],
+                             constant_values=self._config.pad_id)
+                ids = tf.ensure_shape(ids, [None, bucket_width])
+                tokens, scores = decode(self._untracked.value, ids, options, jit_compile=True)
+                return (self._full_width(tf.convert_to_tensor(tokens)[:rows]),
+                        tf.convert_to_tensor(scores)[:rows])
+            return search
+
+        return tf.switch_case(bucket, [branch(w) for w in widths])
 
     def _translate(self, text, beam_size):
         config = self._config

@@ -514,7 +514,8 @@ def test_compare_script_prints_bleu_agreement_and_speed(run_dir, corpus, tmp_pat
     for i, lang in enumerate(("en", "de")):
         (data / f"test.{lang}").write_text(
             "\n".join(pair[i] for pair in corpus["pairs"][:6]) + "\n", encoding="utf-8")
-    systems = ["translator", "saved-model", "saved-model-bf16", "ct2", "ct2-int8"]
+    systems = ["translator", "saved-model", "saved-model-bf16", "saved-model-xla", "ct2",
+               "ct2-int8"]
     result = subprocess.run(
         [sys.executable, str(REPO / "examples" / "compare_inference.py"), "--run",
          str(run_dir), "--data", str(data), "--split", "test", "--beam-size", "1",
@@ -531,7 +532,11 @@ def test_compare_script_prints_bleu_agreement_and_speed(run_dir, corpus, tmp_pat
         assert 0 <= row["bleu"] <= 100 and f"| {name} |" in result.stdout
     # Greedy: the served graph and the CTranslate2 export give Translator's outputs.
     assert rows["saved-model"]["identical"] == 1.0 and rows["ct2"]["identical"] == 1.0
-    assert rows["saved-model"]["info"]["foreign_modules"] == []  # only tf and tf_text
+    assert rows["saved-model-xla"]["identical"] == 1.0
+    for name in ("saved-model", "saved-model-xla"):
+        assert rows[name]["info"]["foreign_modules"] == []  # only tf and tf_text
+    assert rows["saved-model-xla"]["info"]["warmup_replay_seconds"] > 0
     assert "ct2-int8 vs ct2: BLEU" in result.stdout
     assert "saved-model vs translator: speed" in result.stdout
+    assert "saved-model-xla vs translator: speed" in result.stdout
     assert "saved-model-bf16 vs saved-model: BLEU" in result.stdout

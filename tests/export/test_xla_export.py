@@ -1,0 +1,117 @@
+"""The XLA-compiled export (`export --xla`): the same answers, compiled on bucket shapes.
+
+The export always runs under TensorFlow (in a subprocess under JAX and
+PyTorch) and its references are the session export's `Translator` outputs,
+so these tests run under the first backend only.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from exported_model import ALPHA, BEAM_SIZE
+from exported_model import export  # noqa: F401 (fixture)
+from test_export import _in_fresh_process
+from keras_transformer.commands import main
+from keras_transformer.export.op_audit import forbidden_ops, saved_model_ops
+from keras_transformer.export.saved_model import export_saved_model
+from keras_transformer.export.translation_module import XlaBuckets
+from keras_transformer.export.warmup import read_warmup_requests
+
+pytestmark = pytest.mark.backend_independent
+
+# Few shapes (each compiles once per signature): chunks of 8 sentences at
+# most, padded to 4 or 8 rows; widths 8, 16 and the model's 32.
+BATCHES, WIDTHS = (4,), (8, 16)
+
+
+@pytest.fixture(scope="module")
+def xla_export(export, tmp_path_factory):
+    base = tmp_path_factory.mktemp("xla")
+    return export_saved_model(export["translator"], base, beam_size=BEAM_SIZE, alpha=ALPHA,
+                              batch_size=8, xla=True, xla_batch_sizes=BATCHES,
+                              xla_widths=WIDTHS)
+
+
+def test_answers_equal_the_translator_s_in_a_fresh_process(export, xla_export, tmp_path):
+    """Raw strings in, translations out, in a process with TensorFlow and tf-text only.
+
+    The sentences hold blank lines, a long (truncated) input, non-ASCII text
+    and chunks of 8, 8 and 2 sentences (padded to 4 rows) of several widths.
+    """
+    sentences = export["sentences"]
+    out = _in_fresh_process(xla_export, sentences, tmp_path)
+    assert out["serving_default"] == export["beam"]
+    assert out["translate_greedy"] == export["greedy"]
+    _, expected_scores = export["translator"].translate_with_scores(
+        sentences, beam_size=BEAM_SIZE, alpha=ALPHA)
+    np.testing.assert_allclose(out["serving_default_score"], expected_scores,
+                               rtol=1e-4, atol=1e-4)
+    blank = [i for i, s in enumerate(sentences) if not s.strip()]
+    assert blank and all(out["serving_default_score"][i] == 0.0 for i in blank)
+
+
+def test_a_request_larger_than_the_batch_and_invalid_utf8(export, xla_export):
+    loaded = tf.saved_model.load(str(xla_export))
+    sentences = export["sentences"] * 2  # 40 sentences: five chunks of 8
+    out = loaded.signatures["serving_default"](text=tf.constant(sentences))
+    assert [t.decode() for t in out["translation"].numpy()] == export["beam"] * 2
+    broken = loaded.signatures["translate_greedy"](text=tf.constant([b"caf\xe9 \xff"]))
+    assert broken["translation"].numpy()[0].decode("utf-8") == \
+        export["translator"].translate(["caf\ufffd \ufffd"], beam_size=1)[0]
+
+
+def test_options_ops_and_warmup_cover_every_compiled_shape(export, xla_export):
+    options = json.loads((xla_export / "assets.extra" / "export_options.json").read_text())
+    assert (options["xla"], options["xla_batch_sizes"], options["xla_widths"]) == \
+        (True, [4, 8], [8, 16, 32])
+    # XLA's own update op runs inside the compiled functions only.
+    assert "XlaDynamicUpdateSlice" in saved_model_ops(xla_export)
+    assert forbidden_ops(saved_model_ops(xla_export, outside_compiled=True)) == []
+    # One warm-up request per signature, batch bucket and width bucket, each
+    # sentence exactly the bucket's width in ids (pieces + EOS).
+    tokenizer = export["translator"].tokenizer
+    shapes = []
+    for request in read_warmup_requests(xla_export):
+        (texts,) = request.inputs.values()
+        ids = tokenizer.encode_source(tf.constant(list(texts)), options["max_source_length"])
+        widths = set(ids.row_lengths().numpy().tolist())
+        assert len(widths) == 1
+        shapes.append((request.signature_name, len(texts), widths.pop()))
+    assert sorted(shapes) == sorted((signature, batch, width)
+                                    for signature in ("serving_default", "translate_greedy")
+                                    for batch in (4, 8) for width in (8, 16, 32))
+
+
+def test_the_plain_export_compiles_nothing(export):
+    options = json.loads((export["path"] / "assets.extra" / "export_options.json").read_text())
+    assert options["xla"] is False and "xla_widths" not in options
+    assert not any(op.startswith("Xla") for op in saved_model_ops(export["path"]))
+
+
+def test_buckets_are_sorted_checked_and_end_at_the_limits():
+    assert XlaBuckets.resolve(None, None, batch_size=32, max_source_length=128) == \
+        XlaBuckets((1, 8, 32), (16, 32, 64, 128))
+    assert XlaBuckets.resolve([16, 2, 64], [100, 10, 40], batch_size=8,
+                              max_source_length=40) == XlaBuckets((2, 8), (10, 40))
+    with pytest.raises(ValueError, match="xla widths must be integers of at least 2"):
+        XlaBuckets.resolve(None, [1, 8], batch_size=8, max_source_length=32)
+    with pytest.raises(ValueError, match="xla batch sizes"):
+        XlaBuckets.resolve([0], None, batch_size=8, max_source_length=32)
+
+
+def test_bucket_flags_without_xla_are_one_line_errors(export, tmp_path, capsys):
+    base = tmp_path / "never"
+    for argv, message in [
+            (["--xla-widths", "8"], "xla_batch_sizes and xla_widths are the buckets of an "
+                                    "XLA export: give xla=True too"),
+            (["--xla", "--xla-batch-sizes", "0"], "xla batch sizes must be integers of at "
+                                                  "least 1, received [0]"),
+            (["--format", "ctranslate2", "--xla"], "--xla applies to --format saved_model")]:
+        assert main(["export", "--run", str(export["run"]), "--export-dir", str(base),
+                     "--quiet", *argv]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert not base.exists()
