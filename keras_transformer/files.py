@@ -44,6 +44,7 @@ import os
 import pathlib
 import shutil
 import socket
+import sys
 import tempfile
 import time
 
@@ -452,3 +453,26 @@ def replace_with_staged(staged, target):
             with contextlib.suppress(OSError):
                 os.remove(old)
     return target
+
+
+@contextlib.contextmanager
+def native_stderr_silenced():
+    """Sends file descriptor 2 to /dev/null while the block runs.
+
+    For C++ libraries that write to stderr past any Python or TensorFlow log
+    setting: TensorFlow's start-up notices (`commands.common.quiet_tensorflow`),
+    and tf-text's bundled SentencePiece, which logs `normalizer.cc(51)
+    LOG(INFO) precompiled_charsmap is empty. use identity normalization.`
+    whenever it loads a model with identity normalization (ours: a
+    `data.Tokenizer`, or a SavedModel's tokenizer op) and offers no switch
+    for it. Python exceptions raised in the block still reach the caller.
+    """
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

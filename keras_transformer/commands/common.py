@@ -1,10 +1,11 @@
 """What every sub-command shares: the program name, user errors, quiet start-up."""
 
-import contextlib
 import importlib
 import logging
 import os
 import sys
+
+from keras_transformer.files import native_stderr_silenced
 
 PROG = "keras-transformer"
 
@@ -41,30 +42,6 @@ def say(command, message, *, error=True):
         command: how the user called it (`keras-transformer train`).
     """
     sys.stderr.write(f"{command}: {'error: ' if error else ''}{message}\n")
-
-
-@contextlib.contextmanager
-def native_stderr_silenced():
-    """Sends file descriptor 2 to /dev/null while the block runs.
-
-    For C++ libraries that write to stderr past any Python or TensorFlow log
-    setting: TensorFlow's start-up notices (`quiet_tensorflow`), and
-    tf-text's bundled SentencePiece, which prints `normalizer.cc(51)
-    LOG(INFO) precompiled_charsmap is empty. use identity normalization.`
-    each time a SavedModel with our (identity-normalization) tokenizer is
-    loaded; its log level is a static of tf-text's library that nothing
-    outside it can set. Python exceptions raised in the block still reach
-    the caller.
-    """
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def quiet_tensorflow(verbose=False):

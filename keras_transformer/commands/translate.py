@@ -24,8 +24,8 @@ import sys
 import time
 
 from keras_transformer import names
-from keras_transformer.commands.common import (PROG, CommandError, check_decoding_argument,
-                                               native_stderr_silenced)
+from keras_transformer.commands.common import PROG, CommandError, check_decoding_argument
+from keras_transformer.files import native_stderr_silenced
 from keras_transformer.model.config import DecodingOptions
 
 
@@ -73,7 +73,7 @@ def load_signature(model_dir, signature_name):
                            "pip install tensorflow-text") from None
     try:
         # Loading runs tf-text's SentencePiece op, whose C++ logs a
-        # LOG(INFO) line on stderr (see native_stderr_silenced).
+        # LOG(INFO) line on stderr (see files.native_stderr_silenced).
         with native_stderr_silenced():
             loaded = tf.saved_model.load(str(model_dir))
     except Exception as error:  # a corrupt or foreign SavedModel

@@ -34,12 +34,10 @@ that every way of translating calls (`Translator`, the exported SavedModel,
   pad and BOS dropped (`output_ids`), detokenized, the text valid UTF-8.
 """
 
-import contextlib
 import hashlib
 import io
 import numbers
 import os
-import sys
 import pathlib
 
 import sentencepiece
@@ -49,6 +47,7 @@ from tensorflow_text.python.ops import sentencepiece_tokenizer as _tf_text_sente
 
 from keras_transformer.model.config import TransformerConfig
 from keras_transformer.data.readers import iter_lines
+from keras_transformer.files import native_stderr_silenced
 
 # The model's special ids (pad must be 0: the model's masks assume it).
 _SPECIAL_IDS = {
@@ -69,25 +68,6 @@ def _valid_utf8(text):
     """`tf.string` -> the same with every invalid UTF-8 sequence replaced by U+FFFD."""
     return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
                                         replacement_char=_REPLACEMENT_CHARACTER)
-
-
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """Sends file descriptor 2 to /dev/null for a moment.
-
-    tf-text's bundled SentencePiece logs `LOG(INFO) precompiled_charsmap is
-    empty` from C++ whenever it loads a model with identity normalization
-    (ours), and offers no switch for it.
-    """
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 class _SharedModelResource(_tf_text_sentencepiece._SentencepieceModelResource):
@@ -188,7 +168,7 @@ class Tokenizer(tf.Module):
         self._model_file = None if model_file is None else str(model_file)
         self._vocabulary_size = processor.GetPieceSize()
         self._processor = processor
-        with self.name_scope, _quiet_native_stderr():
+        with self.name_scope, native_stderr_silenced():
             self._sentencepiece = tensorflow_text.SentencepieceTokenizer(
                 model=model_proto, out_type=tf.int32
             )
