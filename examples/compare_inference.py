@@ -25,15 +25,25 @@ does), so that no two runtimes share the cores:
   (finished hypotheses ranked by our GNMT penalty at `--alpha`, or by
   CTranslate2's `|Y| ** length_penalty` with `--length-penalty`).
 
-Every worker translates the split once untimed (tracing, XLA compilation,
-the SavedModel's first run of each shape; reported as "warm-up s") and then
-once timed. The table gives per system sacreBLEU BLEU and chrF against
-`<split>.de`, the share of outputs identical to `translator`'s, and the
-median sentences/s over rounds with the spread; below it, what int8 costs
-and gains on each path and how the served graph compares with the
-in-process search.
+Every worker loads its system and answers one one-sentence request
+("load to first answer s": what a server's first request waits for after
+the process starts, the XLA export's warm-up replay included), translates
+the split once untimed in batches of `--batch-size` (tracing, XLA
+compilation, the SavedModel's first run of each shape; "warm-up s") and
+once timed; then it sends the first `--latency-sentences` sentences one
+request each, once untimed and once timed (batch-1 p50 and p90 latency),
+and reports its peak resident memory (`ru_maxrss`: load, compilation and
+both passes). The table gives per system sacreBLEU BLEU and chrF against
+`<split>.de`, the share of outputs identical to `translator`'s, the
+median sentences/s over rounds with the spread, the medians of the batch-1
+p50 and p90 and of the time to the first answer, and the largest peak RSS;
+below it, what int8 costs and gains on each path and how the served graph
+compares with the in-process search (a line also names any system whose
+batch-1 answers differ from its batched ones).
 
-All systems decode with the same beam size and length limit. The SavedModel
+All systems decode with the same beam size, alpha and length limit: the
+run's (its settings.json, as `export --run` takes them), else the paper's,
+unless `--beam-size`, `--alpha` or `--max-extra-length` say otherwise. The SavedModel
 and `Translator` run the same search (their outputs are the same in float32,
 and in int8 up to the rounding of the int8 activations); CTranslate2's beam
 search ranks its finished hypotheses by the same GNMT penalty
@@ -64,6 +74,8 @@ for _path in (REPO_ROOT, EXAMPLES):
 from benchmark_decoding import (  # noqa: E402
     child_environment,
     child_main,
+    peak_rss_mib,
+    percentile,
     rotated,
     run_child,
     usable_cores,
@@ -115,17 +127,25 @@ def parse_args(argv=None):
                         metavar="SYSTEM", help=f"default all: {' '.join(SYSTEMS)}")
     parser.add_argument("--backend", choices=BACKENDS, default="tensorflow",
                         help="KERAS_BACKEND of the translator workers (default tensorflow)")
-    parser.add_argument("--beam-size", type=int, help="default: DecodingOptions().beam_size")
+    parser.add_argument("--beam-size", type=int,
+                        help="default: the run's (settings.json), else the paper's 4")
     parser.add_argument("--alpha", type=float,
-                        help="our GNMT length penalty (default: DecodingOptions().alpha)")
+                        help="our GNMT length penalty (default: the run's, else 0.6)")
     parser.add_argument("--length-penalty", type=float,
                         help="rank CTranslate2's finished hypotheses by its own "
                              "|Y| ** length_penalty (default: our GNMT penalty at --alpha)")
     parser.add_argument("--max-extra-length", type=int,
-                        help="default: DecodingOptions().max_extra_length")
+                        help="default: the run's, else 50")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="sentences per batch or request (default 32)")
     parser.add_argument("--max-sentences", type=int, help="only the first N sentences")
+    parser.add_argument("--xla-batch-sizes", type=int, nargs="+", metavar="N",
+                        help="saved-model-xla's batch buckets (default: the export's)")
+    parser.add_argument("--xla-widths", type=int, nargs="+", metavar="N",
+                        help="saved-model-xla's source-width buckets (default: the export's)")
+    parser.add_argument("--latency-sentences", type=int, default=200, metavar="N",
+                        help="batch-1 latency (p50, p90) over the first N sentences, one "
+                             "request each (default 200; 0: none)")
     parser.add_argument("--rounds", type=int, default=3, help="default 3")
     parser.add_argument("--threads", type=int,
                         help="threads of PyTorch and CTranslate2 (default: the usable cores)")
@@ -144,7 +164,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.worker is None:  # a worker imports nothing of keras_transformer it does not run
         check_decoding_flags(parser, args)
-    for name in ("max_sentences", "threads", "ct2_threads"):
+    for name in ("max_sentences", "threads", "ct2_threads", "latency_sentences"):
         value = getattr(args, name)
         if value is not None and value < (1 if name == "max_sentences" else 0):
             parser.error(f"--{name.replace('_', '-')} must be at least "
@@ -160,11 +180,14 @@ def read_lines(path):
 
 
 def decoding_options(args):
-    """The run's decoding: `DecodingOptions` defaults, changed by the flags given."""
-    from keras_transformer.model.config import DecodingOptions
+    """How the run decodes (`run_decoding`: its settings.json, else the paper's),
+    changed by the flags given; prints the line the commands print."""
+    from keras_transformer.inference.loading import run_decoding
 
-    return DecodingOptions().replace(beam_size=args.beam_size, alpha=args.alpha,
-                                     max_extra_length=args.max_extra_length)
+    decoding = run_decoding(args.run, beam_size=args.beam_size, alpha=args.alpha,
+                            max_extra_length=args.max_extra_length)
+    print(f"decoding: {decoding.describe()}", flush=True)
+    return decoding.options
 
 
 # --- preparing: the exports, once -----------------------------------------------------------
@@ -188,7 +211,9 @@ def prepare(spec):
                 beam_size=max(options["beam_size"], 2), alpha=options["alpha"],
                 max_extra_length=options["max_extra_length"], batch_size=spec["batch_size"],
                 quantize=quantize, dtype="bfloat16" if variant == "bf16" else None,
-                xla=variant == "xla", overwrite=True))
+                xla=variant == "xla", overwrite=True,
+                **({"xla_batch_sizes": spec["xla_batch_sizes"],
+                    "xla_widths": spec["xla_widths"]} if variant == "xla" else {})))
         elif kind == "ct2":
             paths[name] = str(export_ctranslate2_from_run(
                 spec["run"], base, model_name="ours", weights=spec["weights"],
@@ -284,15 +309,28 @@ def run_system(name, spec):
     else:
         translate, info = _ct2(spec, spec["paths"][name])
     load_seconds = time.perf_counter() - start
+    translate(sources[:1])  # what a server's first request waits for after starting
+    first_answer_seconds = time.perf_counter() - start
     start = time.perf_counter()
     translate(sources)
     warmup_seconds = time.perf_counter() - start
     start = time.perf_counter()
     outputs = translate(sources)
     seconds = time.perf_counter() - start
+    # Batch 1: one request per sentence, a warm-up pass, then each timed.
+    single = sources[: spec["latency_sentences"]]
+    single_outputs = [translate([sentence])[0] for sentence in single]
+    latencies = []
+    for sentence in single:
+        start = time.perf_counter()
+        translate([sentence])
+        latencies.append(time.perf_counter() - start)
     pathlib.Path(spec["outputs"]).write_text(json.dumps(outputs), encoding="utf-8")
     return dict(info=info, sentences=len(sources), load_seconds=load_seconds,
-                warmup_seconds=warmup_seconds, seconds=seconds)
+                first_answer_seconds=first_answer_seconds, warmup_seconds=warmup_seconds,
+                seconds=seconds, latencies=latencies,
+                batch1_same_outputs=single_outputs == outputs[: len(single)],
+                peak_rss_mib=peak_rss_mib())
 
 
 # --- the parent --------------------------------------------------------------------------------
@@ -318,9 +356,17 @@ def summarize(systems, rounds, outputs, references):
                    min_sentences_per_second=min(speeds),
                    max_sentences_per_second=max(speeds),
                    warmup_seconds=statistics.median(r["warmup_seconds"] for r in results),
+                   first_answer_seconds=statistics.median(r["first_answer_seconds"]
+                                                          for r in results),
+                   peak_rss_mib=max(r["peak_rss_mib"] for r in results),
+                   batch1_same_outputs=all(r["batch1_same_outputs"] for r in results),
                    info=results[0]["info"], rounds=len(results),
                    same_outputs_every_round=all(o == outputs[name]
                                                 for o in outputs.get(name + "@rounds", [])))
+        if results[0]["latencies"]:
+            for q in (50, 90):
+                row[f"p{q}_ms"] = statistics.median(1000 * percentile(r["latencies"], q)
+                                                    for r in results)
         if reference is not None:
             same = sum(a == b for a, b in zip(outputs[name], reference))
             row.update(identical=same / max(len(reference), 1), identical_count=same)
@@ -348,7 +394,11 @@ def comparisons(summary):
         if ok(served) and ok(search):
             ratio = summary[served]["sentences_per_second"] / \
                 summary[search]["sentences_per_second"]
-            lines.append(f"{served} vs {search}: speed {ratio:.2f}x")
+            line = f"{served} vs {search}: speed {ratio:.2f}x"
+            if "p50_ms" in summary[served] and "p50_ms" in summary[search]:
+                line += (f", batch-1 p50 {summary[served]['p50_ms']:.1f} vs "
+                         f"{summary[search]['p50_ms']:.1f} ms")
+            lines.append(line)
     for name in ("ct2", "ct2-int8"):
         if ok(name) and ok(REFERENCE):
             a, b = summary[REFERENCE], summary[name]
@@ -369,19 +419,27 @@ def format_table(summary, settings, signature):
              f"translator on {settings['backend']}; {settings['rounds']} round(s), each "
              f"system in its own process; threads: torch {settings['threads']}, "
              f"CTranslate2 {settings['ct2_threads']}",
-             "| system | BLEU | chrF | identical to translator | sentences/s (median) | "
-             "min-max | warm-up s |",
-             "|---|---|---|---|---|---|---|"]
+             f"| system | BLEU | chrF | identical to translator | sentences/s, batch "
+             f"{settings['batch_size']} (median) | min-max | batch-1 p50 ms | batch-1 p90 ms | "
+             "load to first answer s | warm-up s | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in summary.items():
         if "error" in row:
-            lines.append(f"| {name} | failed: {row['error']} | | | | | |")
+            lines.append(f"| {name} | failed: {row['error']} |" + " |" * 10)
             continue
         identical = (f"{100 * row['identical']:.1f}% ({row['identical_count']})"
                      if "identical" in row else "-")
+        latency = " | ".join(f"{row[k]:.1f}" if k in row else "-" for k in ("p50_ms", "p90_ms"))
         lines.append(f"| {name} | {row['bleu']:.2f} | {row['chrf']:.2f} | {identical} | "
                      f"{row['sentences_per_second']:.2f} | "
                      f"{row['min_sentences_per_second']:.2f}-"
-                     f"{row['max_sentences_per_second']:.2f} | {row['warmup_seconds']:.1f} |")
+                     f"{row['max_sentences_per_second']:.2f} | {latency} | "
+                     f"{row['first_answer_seconds']:.1f} | {row['warmup_seconds']:.1f} | "
+                     f"{row['peak_rss_mib']:.0f} |")
+    differing = [name for name, row in summary.items()
+                 if "error" not in row and not row["batch1_same_outputs"]]
+    if differing:
+        lines.append("batch-1 outputs differ from the batched ones: " + ", ".join(differing))
     lines += comparisons(summary)
     if signature:
         lines.append(f"BLEU signature: {signature}")
@@ -406,13 +464,20 @@ def main(argv=None):
         raise SystemExit(f"compare_inference.py: error: {source} and {target} differ in "
                          "length")
     references = references[: args.max_sentences]
-    options = decoding_options(args)
+    from keras_transformer.runs import RunError
+
+    try:
+        options = decoding_options(args)
+    except RunError as error:
+        raise SystemExit(f"compare_inference.py: error: {error}") from None
     threads = args.threads or usable_cores()
     systems = list(dict.fromkeys(args.systems))
     with tempfile.TemporaryDirectory(prefix="compare_inference_") as work:
         work = pathlib.Path(work)
         spec = dict(run=str(pathlib.Path(args.run).resolve()), weights=args.weights,
                     source=str(source.resolve()), max_sentences=args.max_sentences,
+                    latency_sentences=args.latency_sentences,
+                    xla_batch_sizes=args.xla_batch_sizes, xla_widths=args.xla_widths,
                     options=dict(beam_size=options.beam_size, alpha=options.alpha,
                                  max_extra_length=options.max_extra_length),
                     length_penalty=args.length_penalty,
@@ -454,10 +519,14 @@ def main(argv=None):
                     outputs.setdefault(name + "@rounds", []).append(texts)
                 else:
                     outputs[name] = texts
+                p50 = (f", batch-1 p50 {1000 * percentile(result['latencies'], 50):.1f} ms"
+                       if result["latencies"] else "")
                 print(f"round {index + 1}/{args.rounds} {name}: "
-                      f"{result['sentences'] / result['seconds']:.2f} sentences/s "
-                      f"(warm-up {result['warmup_seconds']:.1f} s, load "
-                      f"{result['load_seconds']:.1f} s)", flush=True)
+                      f"{result['sentences'] / result['seconds']:.2f} sentences/s{p50} "
+                      f"(load {result['load_seconds']:.1f} s, first answer "
+                      f"{result['first_answer_seconds']:.1f} s, warm-up "
+                      f"{result['warmup_seconds']:.1f} s, peak RSS "
+                      f"{result['peak_rss_mib']:.0f} MiB)", flush=True)
             rounds.append(results)
     summary, signature = summarize(systems, rounds, outputs, references)
     settings = dict(split=args.split, sentences=len(references), options=spec["options"],

@@ -520,6 +520,7 @@ def test_compare_script_prints_bleu_agreement_and_speed(run_dir, corpus, tmp_pat
         [sys.executable, str(REPO / "examples" / "compare_inference.py"), "--run",
          str(run_dir), "--data", str(data), "--split", "test", "--beam-size", "1",
          "--batch-size", "4", "--rounds", "1", "--threads", "1", "--systems", *systems,
+         "--latency-sentences", "3",
          "--json", str(tmp_path / "out.json")],
         capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -530,6 +531,11 @@ def test_compare_script_prints_bleu_agreement_and_speed(run_dir, corpus, tmp_pat
         assert "error" not in row, (name, row)
         assert row["sentences"] == 6 and row["sentences_per_second"] > 0
         assert 0 <= row["bleu"] <= 100 and f"| {name} |" in result.stdout
+        # Batch 1: three timed requests, answered as in the batches.
+        assert 0 < row["p50_ms"] <= row["p90_ms"], (name, row)
+        assert row["batch1_same_outputs"], name
+        # The first answer comes after the load, which reads the whole model.
+        assert row["first_answer_seconds"] > 0 and row["peak_rss_mib"] > 100, (name, row)
     # Greedy: the served graph and the CTranslate2 export give Translator's outputs.
     assert rows["saved-model"]["identical"] == 1.0 and rows["ct2"]["identical"] == 1.0
     assert rows["saved-model-xla"]["identical"] == 1.0
@@ -539,4 +545,5 @@ def test_compare_script_prints_bleu_agreement_and_speed(run_dir, corpus, tmp_pat
     assert "ct2-int8 vs ct2: BLEU" in result.stdout
     assert "saved-model vs translator: speed" in result.stdout
     assert "saved-model-xla vs translator: speed" in result.stdout
+    assert "batch-1 p50" in result.stdout and "peak RSS MiB" in result.stdout
     assert "saved-model-bf16 vs saved-model: BLEU" in result.stdout

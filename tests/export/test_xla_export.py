@@ -6,6 +6,9 @@ so these tests run under the first backend only.
 """
 
 import json
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -115,3 +118,24 @@ def test_bucket_flags_without_xla_are_one_line_errors(export, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
     assert not base.exists()
+
+
+def test_concurrent_requests_script_answers_as_one_at_a_time(export, xla_export, tmp_path):
+    """examples/benchmark_serving_threads.py on the XLA export: two requests at a
+    time (as TF Serving's num_batch_threads 2 runs them) are answered as one at a
+    time; the script fails otherwise, and refuses a folder that is no SavedModel."""
+    script = pathlib.Path(__file__).resolve().parents[2] / "examples" / \
+        "benchmark_serving_threads.py"
+    sentences = tmp_path / "in.txt"
+    sentences.write_text("\n".join(export["sentences"][:12]) + "\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(script), "--model", str(xla_export), "--input", str(sentences),
+         "--batch-size", "3", "--threads", "1", "2", "--rounds", "1"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "2"]
+    bad = subprocess.run([sys.executable, str(script), "--model", str(tmp_path),
+                          "--input", str(sentences)], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "no saved_model.pb" in bad.stderr.strip().splitlines()[-1]
