@@ -25,8 +25,11 @@ import time
 
 EXAMPLES = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(EXAMPLES)
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+for _path in (REPO_ROOT, EXAMPLES):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from benchmark_decoding import percentile  # noqa: E402 (imports no framework)
 
 
 def parse_args(argv=None):
@@ -50,11 +53,6 @@ def parse_args(argv=None):
     if not os.path.isfile(args.input):
         parser.error(f"{args.input} not found")
     return args
-
-
-def percentile(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
 
 
 def serve(signature, requests, threads):
