@@ -12,8 +12,8 @@ of `--threads` T (the order alternating between rounds), sends the input's
 sentences as requests of `--batch-size` sentences from T threads at once.
 It prints, per T, the median over rounds of sentences/s and of the requests'
 p50 and p90 latency, and fails if concurrent requests are answered
-differently from the same requests sent one at a time. `docs/serving.md` ("Batching") uses it to choose
-`num_batch_threads`.
+differently from the same requests sent one at a time. `docs/serving.md`
+("Batching") uses it to choose `num_batch_threads`.
 """
 
 import argparse

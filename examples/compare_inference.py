@@ -425,7 +425,7 @@ def format_table(summary, settings, signature):
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in summary.items():
         if "error" in row:
-            lines.append(f"| {name} | failed: {row['error']} |" + " |" * 10)
+            lines.append(f"| {name} | failed: {row['error']} |" + " |" * 9)  # 11 columns
             continue
         identical = (f"{100 * row['identical']:.1f}% ({row['identical_count']})"
                      if "identical" in row else "-")
