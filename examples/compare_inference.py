@@ -17,7 +17,7 @@ does), so that no two runtimes share the cores:
   copy or its `with_dtype(model, "bfloat16")` copy;
 - `saved-model`, `saved-model-int8`, `saved-model-bf16`: a process that imports only TensorFlow
   and TensorFlow Text loads the export (as a model server does) and calls
-  `serving_default` with batches of `--batch-size` sentences;
+  `serving_default`;
   `saved-model-xla` the same for the XLA-compiled export (`export --xla`,
   its default buckets), whose load time here includes replaying its
   warm-up requests (every compiled shape), as TF Serving does at load;
@@ -28,9 +28,11 @@ does), so that no two runtimes share the cores:
 Every worker loads its system and answers one one-sentence request
 ("load to first answer s": what a server's first request waits for after
 the process starts, the XLA export's warm-up replay included), translates
-the split once untimed in batches of `--batch-size` (tracing, XLA
-compilation, the SavedModel's first run of each shape; "warm-up s") and
-once timed; then it sends the first `--latency-sentences` sentences one
+the split once untimed (tracing, XLA compilation, the SavedModel's first
+run of each shape; "warm-up s") and once timed, each time as requests of
+`--batch-size` sentences in the split's order, the same requests for every
+system (each sorts the sentences of a request by length; none sees the
+whole split at once, as a server does not); then it sends the first `--latency-sentences` sentences one
 request each, once untimed and once timed (batch-1 p50 and p90 latency),
 and reports its peak resident memory (`ru_maxrss`: load, compilation and
 both passes). The table gives per system sacreBLEU BLEU and chrF against
@@ -137,7 +139,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-extra-length", type=int,
                         help="default: the run's, else 50")
     parser.add_argument("--batch-size", type=int, default=32,
-                        help="sentences per batch or request (default 32)")
+                        help="sentences per request, and the exports' and Translator's batch "
+                             "size (default 32)")
     parser.add_argument("--max-sentences", type=int, help="only the first N sentences")
     parser.add_argument("--xla-batch-sizes", type=int, nargs="+", metavar="N",
                         help="saved-model-xla's batch buckets (default: the export's)")
@@ -266,14 +269,10 @@ def _saved_model(spec, path, variant):
         replay = round(time.perf_counter() - start, 1)
     signature = loaded.signatures["serving_default"] if spec["options"]["beam_size"] > 1 \
         else loaded.signatures["translate_greedy"]
-    batch_size = spec["batch_size"]
 
-    def translate(sentences):
-        outputs = []
-        for start in range(0, len(sentences), batch_size):
-            result = signature(text=tf.constant(sentences[start:start + batch_size]))
-            outputs += [t.decode("utf-8") for t in result["translation"].numpy()]
-        return outputs
+    def translate(sentences):  # one request
+        result = signature(text=tf.constant(sentences))
+        return [t.decode("utf-8") for t in result["translation"].numpy()]
 
     info = {"tensorflow": tf.__version__, "tensorflow_text": tensorflow_text.__version__,
             "foreign_modules": foreign}
@@ -311,11 +310,21 @@ def run_system(name, spec):
     load_seconds = time.perf_counter() - start
     translate(sources[:1])  # what a server's first request waits for after starting
     first_answer_seconds = time.perf_counter() - start
+
+    def in_requests(sentences):
+        # The same requests for every system: `batch_size` sentences each, in
+        # the split's order, as clients send them (each system sorts within a
+        # request; sorting the whole split first would favour the in-process
+        # ones, which could, over a server, which cannot).
+        size = spec["batch_size"]
+        return [output for begin in range(0, len(sentences), size)
+                for output in translate(sentences[begin:begin + size])]
+
     start = time.perf_counter()
-    translate(sources)
+    in_requests(sources)
     warmup_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    outputs = translate(sources)
+    outputs = in_requests(sources)
     seconds = time.perf_counter() - start
     # Batch 1: one request per sentence, a warm-up pass, then each timed.
     single = sources[: spec["latency_sentences"]]
@@ -415,11 +424,12 @@ def format_table(summary, settings, signature):
              + ("its finished hypotheses reranked by ours" if settings["length_penalty"] is None
                 else f"its own length_penalty {settings['length_penalty']}")
              + f"), at most source + "
-             f"{options['max_extra_length']} tokens, batches of {settings['batch_size']}; "
+             f"{options['max_extra_length']} tokens, requests of {settings['batch_size']} "
+             f"sentences in the split's order; "
              f"translator on {settings['backend']}; {settings['rounds']} round(s), each "
              f"system in its own process; threads: torch {settings['threads']}, "
              f"CTranslate2 {settings['ct2_threads']}",
-             f"| system | BLEU | chrF | identical to translator | sentences/s, batch "
+             f"| system | BLEU | chrF | identical to translator | sentences/s, requests of "
              f"{settings['batch_size']} (median) | min-max | batch-1 p50 ms | batch-1 p90 ms | "
              "load to first answer s | warm-up s | peak RSS MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -150,11 +150,11 @@ def add_parser(commands):
                         "every bucket at load (docs/serving.md, XLA)")
     e.add_argument("--xla-batch-sizes", type=int, nargs="+", metavar="N",
                    help="saved_model --xla: chunk sizes compiled for; a chunk is padded up to "
-                        "the next (default 1 8 and --batch-size)")
+                        "the next (default 1 and --batch-size)")
     e.add_argument("--xla-widths", type=int, nargs="+", metavar="N",
                    help="saved_model --xla: source widths (ids, EOS included) compiled for; "
-                        "a chunk is padded up to the next (default 16 32 64 and "
-                        "--max-source-length)")
+                        "a chunk is padded up to the next; a one-sentence chunk to the "
+                        "largest (default 32 64 and --max-source-length)")
     e.add_argument("--overwrite", action="store_true",
                    help="replace an existing version (saved_model) or folder (ctranslate2)")
     e.add_argument("--quiet", "-q", action="store_true")

@@ -241,7 +241,8 @@ def export_saved_model(translator, export_dir=DEFAULT_BASE, *, model_name=DEFAUL
         xla_batch_sizes: with `xla`, the chunk sizes compiled for (default
             `DEFAULT_XLA_BATCH_SIZES`, and always `batch_size`).
         xla_widths: with `xla`, the source widths compiled for (default
-            `DEFAULT_XLA_WIDTHS`, and always `max_source_length`).
+            `DEFAULT_XLA_WIDTHS`, and always `max_source_length`, the only
+            one for a one-sentence chunk: `XlaBuckets.shapes`).
         overwrite: replace an existing version folder (never done otherwise).
         verbose: print what is written.
 
@@ -348,11 +349,12 @@ def _write_version(staging, model_dir, version, overwrite, model, tokenizer, dec
         model = with_dtype(model, dtype)
     if quantize:
         model = quantized(model, quantize)
+    buckets = (XlaBuckets(tuple(options["xla_batch_sizes"]), tuple(options["xla_widths"]))
+               if options["xla"] else None)
     module = TranslationModule(
         model, tokenizer, decoding, tokenizer_file=asset_file,
         max_source_length=options["max_source_length"], batch_size=options["batch_size"],
-        xla_buckets=XlaBuckets(tuple(options["xla_batch_sizes"]), tuple(options["xla_widths"]))
-        if options["xla"] else None)
+        xla_buckets=buckets)
     out = staging / "model"
     tf.saved_model.save(module, str(out), signatures=module.signatures())
     bad = forbidden_ops(saved_model_ops(out, outside_compiled=True))
@@ -367,9 +369,7 @@ def _write_version(staging, model_dir, version, overwrite, model, tokenizer, dec
     # lengths per signature at batch 1 and at batch_size; for an XLA export
     # every compiled shape, so that no request pays a compilation.
     if options["xla"]:
-        write_warmup_requests(out, model_name=model_name,
-                              batch_sizes=options["xla_batch_sizes"],
-                              lengths=options["xla_widths"])
+        write_warmup_requests(out, model_name=model_name, shapes=buckets.shapes)
     else:
         write_warmup_requests(out, model_name=model_name)
     return publish_version(out, model_dir, version, overwrite)

@@ -63,7 +63,9 @@ up to the smallest of `XlaBuckets.batch_sizes` that holds them (all-pad
 rows, skipped by the search) and its width up to the smallest of
 `XlaBuckets.widths` (pad columns, which change no output), one traced
 search per width behind a `tf.switch_case`; the padding rows are cut from
-the answer. The model server must run compiled functions
+the answer. A one-sentence chunk takes the largest width only
+(`XlaBuckets.shapes`): for one sentence the width costs nothing measurable,
+and each compiled shape costs seconds of loading. The model server must run compiled functions
 (`tensorflow_model_server --xla_cpu_compilation_enabled=true` on CPU).
 """
 
@@ -80,10 +82,14 @@ DEFAULT_BATCH_SIZE = 32
 
 # The compiled export's shapes (`export --xla`): chunk rows and source widths
 # are padded up to these (the widths capped at `max_source_length`, which is
-# always one). A first choice, not yet tuned: fewer buckets load faster, finer
-# ones pad less (docs/serving.md, "XLA-compiled export").
-DEFAULT_XLA_BATCH_SIZES = (1, 8, 32)
-DEFAULT_XLA_WIDTHS = (16, 32, 64)
+# always one; a one-sentence chunk takes that largest width only). Each shape
+# is one compilation per signature at load (about 8 s on 2 cores for the
+# Multi30k model), so there are few: a beam search over 32 sentences costs
+# the same at width 16 and 32 but 1.2x at 64 and 1.7x at 128, and a
+# one-sentence search the same at every width (docs/serving.md, "XLA-compiled
+# export", has the timings).
+DEFAULT_XLA_BATCH_SIZES = (1, 32)
+DEFAULT_XLA_WIDTHS = (32, 64)
 
 __all__ = ["BEAM_SIGNATURE", "DEFAULT_BATCH_SIZE", "DEFAULT_XLA_BATCH_SIZES",
            "DEFAULT_XLA_WIDTHS", "GREEDY_SIGNATURE", "TranslationModule", "XlaBuckets"]
@@ -102,6 +108,13 @@ class XlaBuckets(NamedTuple):
 
     batch_sizes: tuple
     widths: tuple
+
+    @property
+    def shapes(self):
+        """The `(rows, width)` pairs compiled for, in order: every batch size at
+        every width, except a one-sentence batch at the largest width only."""
+        return tuple((rows, width) for rows in self.batch_sizes
+                     for width in (self.widths[-1:] if rows == 1 else self.widths))
 
     @classmethod
     def resolve(cls, batch_sizes, widths, *, batch_size, max_source_length):
@@ -238,8 +251,9 @@ class TranslationModule(tf.Module):
 
         The rows are padded up to a batch bucket (all-pad rows, which the
         search skips) and cut from the answer; the width is padded up to a
-        width bucket, one traced compiled search per width (`tf.switch_case`)
-        so that each is traced with a static width.
+        width bucket (the largest for one row), one traced compiled search
+        per width (`tf.switch_case`) so that each is traced with a static
+        width.
         """
         from keras_transformer.inference.decoding import decode
 
@@ -251,6 +265,8 @@ class TranslationModule(tf.Module):
                                                  output_type=tf.int32))
         bucket = tf.argmax(tf.cast(tf.constant(widths, tf.int32) >= width, tf.int32),
                            output_type=tf.int32)
+        # One sentence: the largest width only (`XlaBuckets.shapes`).
+        bucket = tf.where(padded_rows == 1, len(widths) - 1, bucket)
 
         def branch(bucket_width):
             def search():

@@ -287,10 +287,12 @@ def _default_model_name(saved_model_dir):
 
 
 def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAULT_SIGNATURES,
-                          batch_sizes=None, lengths=None, input_name=INPUT_NAME):
+                          batch_sizes=None, lengths=None, shapes=None, input_name=INPUT_NAME):
     """Writes `assets.extra/tf_serving_warmup_requests` into an export.
 
-    One `PredictionLog` per (signature, batch size, length), in that order:
+    One `PredictionLog` per (signature, batch size, length), in that order
+    (every batch size at every length, or the `(batch size, length)` pairs of
+    `shapes`):
     `batch` copies of a sentence of exactly `length` ids (pieces + EOS; a
     length above `max_source_length` is capped there, as truncation does).
     `max_source_length`, `batch_size` and the SentencePiece model are read
@@ -314,6 +316,9 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
             `max_source_length`. Each request is decoded once per replay: the
             longest, at the largest batch with beam 4, takes seconds on CPU
             for a base-size model.
+        shapes: `(batch size, length)` pairs instead of every batch size at
+            every length (an XLA export's `XlaBuckets.shapes`); not with
+            `batch_sizes` or `lengths`.
         input_name: the signatures' input name.
 
     Returns:
@@ -337,16 +342,28 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
         raise ValueError(f"signatures must be non-empty names, received {list(signatures)}")
     max_source_length = int(options["max_source_length"])
     batch_size = int(options["batch_size"])
-    if batch_sizes is None:
-        batch_sizes = (1, batch_size)
-    batches = _positive_ints("batch_sizes", batch_sizes, batch_size)
-    if lengths is None:
-        lengths = (min(n, max_source_length) for n in DEFAULT_LENGTHS)
-    widths = _positive_ints("lengths", lengths, max_source_length)
+    if shapes is not None:
+        if batch_sizes is not None or lengths is not None:
+            raise ValueError("give shapes or batch_sizes and lengths, not both")
+        shapes = tuple(shapes)
+        if not shapes or not all(isinstance(s, (tuple, list)) and len(s) == 2
+                                 for s in shapes):
+            raise ValueError(f"shapes must be (batch size, length) pairs, received "
+                             f"{list(shapes)}")
+        _positive_ints("batch_sizes", [b for b, _ in shapes], batch_size)
+        widths = _positive_ints("lengths", [n for _, n in shapes], max_source_length)
+    else:
+        if batch_sizes is None:
+            batch_sizes = (1, batch_size)
+        batches = _positive_ints("batch_sizes", batch_sizes, batch_size)
+        if lengths is None:
+            lengths = (min(n, max_source_length) for n in DEFAULT_LENGTHS)
+        widths = _positive_ints("lengths", lengths, max_source_length)
+        shapes = tuple((batch, width) for batch in batches for width in widths)
     if widths[0] < 2:
         raise ValueError(f"lengths must be at least 2 (a piece and EOS), received "
                          f"{list(widths)}")
-    count = len(signatures) * len(batches) * len(widths)
+    count = len(signatures) * len(shapes)
     if count > MAX_RECORDS:
         raise ValueError(f"{count} warm-up requests exceed TF Serving's limit of "
                          f"{MAX_RECORDS}; select fewer sizes")
@@ -359,12 +376,10 @@ def write_warmup_requests(saved_model_dir, *, model_name=None, signatures=DEFAUL
     def write(temporary):
         with tf.io.TFRecordWriter(temporary) as writer:
             for signature in signatures:
-                for batch in batches:
-                    for width in widths:
-                        texts = np.array([sentences[width].encode("utf-8")] * batch,
-                                         dtype=object)
-                        writer.write(_encode_prediction_log(model_name, signature,
-                                                            {input_name: texts}))
+                for batch, width in shapes:
+                    texts = np.array([sentences[width].encode("utf-8")] * batch, dtype=object)
+                    writer.write(_encode_prediction_log(model_name, signature,
+                                                        {input_name: texts}))
         os.chmod(temporary, 0o644)  # readable by the model server, whatever the umask
 
     return write_atomically(saved_model_dir / ASSETS_EXTRA / WARMUP_FILE, write,

@@ -204,6 +204,12 @@ def test_write_errors(export, tmp_path):
         write_warmup_requests(copy, model_name="m", lengths=[1, 8])
     with pytest.raises(ValueError, match="signatures must be non-empty names"):
         write_warmup_requests(copy, model_name="m", signatures=())
+    with pytest.raises(ValueError, match="give shapes or batch_sizes and lengths, not both"):
+        write_warmup_requests(copy, model_name="m", shapes=[(1, 8)], lengths=[8])
+    with pytest.raises(ValueError, match=r"shapes must be \(batch size, length\) pairs"):
+        write_warmup_requests(copy, model_name="m", shapes=[(1,)])
+    with pytest.raises(ValueError, match="lengths must be at least 2"):
+        write_warmup_requests(copy, model_name="m", shapes=[(1, 1)])
     write_warmup_requests(copy, model_name="m", signatures=["nope"], batch_sizes=[1],
                           lengths=[8])
     with pytest.raises(KeyError, match="signature 'nope'"):

@@ -26,8 +26,10 @@ from keras_transformer.export.warmup import read_warmup_requests
 pytestmark = pytest.mark.backend_independent
 
 # Few shapes (each compiles once per signature): chunks of 8 sentences at
-# most, padded to 4 or 8 rows; widths 8, 16 and the model's 32.
-BATCHES, WIDTHS = (4,), (8, 16)
+# most, padded to 4 or 8 rows at widths 8, 16 and the model's 32; one
+# sentence at width 32 only.
+BATCHES, WIDTHS = (1, 4), (8, 16)
+SHAPES = ((1, 32), (4, 8), (4, 16), (4, 32), (8, 8), (8, 16), (8, 32))
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,11 @@ def test_a_request_larger_than_the_batch_and_invalid_utf8(export, xla_export):
     sentences = export["sentences"] * 2  # 40 sentences: five chunks of 8
     out = loaded.signatures["serving_default"](text=tf.constant(sentences))
     assert [t.decode() for t in out["translation"].numpy()] == export["beam"] * 2
+    # One sentence (the one-row bucket, compiled at the largest width only),
+    # short and long.
+    for index in (0, int(np.argmax([len(s) for s in export["sentences"]]))):
+        one = loaded.signatures["serving_default"](text=tf.constant(sentences[index:index + 1]))
+        assert one["translation"].numpy()[0].decode() == export["beam"][index]
     broken = loaded.signatures["translate_greedy"](text=tf.constant([b"caf\xe9 \xff"]))
     assert broken["translation"].numpy()[0].decode("utf-8") == \
         export["translator"].translate(["caf\ufffd \ufffd"], beam_size=1)[0]
@@ -69,12 +76,12 @@ def test_a_request_larger_than_the_batch_and_invalid_utf8(export, xla_export):
 def test_options_ops_and_warmup_cover_every_compiled_shape(export, xla_export):
     options = json.loads((xla_export / "assets.extra" / "export_options.json").read_text())
     assert (options["xla"], options["xla_batch_sizes"], options["xla_widths"]) == \
-        (True, [4, 8], [8, 16, 32])
+        (True, [1, 4, 8], [8, 16, 32])
     # XLA's own update op runs inside the compiled functions only.
     assert "XlaDynamicUpdateSlice" in saved_model_ops(xla_export)
     assert forbidden_ops(saved_model_ops(xla_export, outside_compiled=True)) == []
-    # One warm-up request per signature, batch bucket and width bucket, each
-    # sentence exactly the bucket's width in ids (pieces + EOS).
+    # One warm-up request per signature and compiled (batch, width) shape,
+    # each sentence exactly the bucket's width in ids (pieces + EOS).
     tokenizer = export["translator"].tokenizer
     shapes = []
     for request in read_warmup_requests(xla_export):
@@ -85,7 +92,7 @@ def test_options_ops_and_warmup_cover_every_compiled_shape(export, xla_export):
         shapes.append((request.signature_name, len(texts), widths.pop()))
     assert sorted(shapes) == sorted((signature, batch, width)
                                     for signature in ("serving_default", "translate_greedy")
-                                    for batch in (4, 8) for width in (8, 16, 32))
+                                    for batch, width in SHAPES)
 
 
 def test_the_plain_export_compiles_nothing(export):
@@ -95,8 +102,11 @@ def test_the_plain_export_compiles_nothing(export):
 
 
 def test_buckets_are_sorted_checked_and_end_at_the_limits():
-    assert XlaBuckets.resolve(None, None, batch_size=32, max_source_length=128) == \
-        XlaBuckets((1, 8, 32), (16, 32, 64, 128))
+    defaults = XlaBuckets.resolve(None, None, batch_size=32, max_source_length=128)
+    assert defaults == XlaBuckets((1, 32), (32, 64, 128))
+    # One sentence at the largest width only; other batches at every width.
+    assert defaults.shapes == ((1, 128), (32, 32), (32, 64), (32, 128))
+    assert XlaBuckets((2, 8), (10, 40)).shapes == ((2, 10), (2, 40), (8, 10), (8, 40))
     assert XlaBuckets.resolve([16, 2, 64], [100, 10, 40], batch_size=8,
                               max_source_length=40) == XlaBuckets((2, 8), (10, 40))
     with pytest.raises(ValueError, match="xla widths must be integers of at least 2"):
