@@ -32,8 +32,9 @@ the split once untimed (tracing, XLA compilation, the SavedModel's first
 run of each shape; "warm-up s") and once timed, each time as requests of
 `--batch-size` sentences in the split's order, the same requests for every
 system (each sorts the sentences of a request by length; none sees the
-whole split at once, as a server does not); then it sends the first `--latency-sentences` sentences one
-request each, once untimed and once timed (batch-1 p50 and p90 latency),
+whole split at once, as a server does not); then it sends the first
+`--latency-sentences` sentences one request each, once untimed and once
+timed (batch-1 p50 and p90 latency),
 and reports its peak resident memory (`ru_maxrss`: load, compilation and
 both passes). The table gives per system sacreBLEU BLEU and chrF against
 `<split>.de`, the share of outputs identical to `translator`'s, the
@@ -313,9 +314,9 @@ def run_system(name, spec):
 
     def in_requests(sentences):
         # The same requests for every system: `batch_size` sentences each, in
-        # the split's order, as clients send them (each system sorts within a
-        # request; sorting the whole split first would favour the in-process
-        # ones, which could, over a server, which cannot).
+        # the split's order, as clients send them. Each system sorts within a
+        # request only: an in-process system given the whole split would sort
+        # all of it, which a server never sees, and look faster than it is.
         size = spec["batch_size"]
         return [output for begin in range(0, len(sentences), size)
                 for output in translate(sentences[begin:begin + size])]

@@ -65,8 +65,9 @@ rows, skipped by the search) and its width up to the smallest of
 search per width behind a `tf.switch_case`; the padding rows are cut from
 the answer. A one-sentence chunk takes the largest width only
 (`XlaBuckets.shapes`): for one sentence the width costs nothing measurable,
-and each compiled shape costs seconds of loading. The model server must run compiled functions
-(`tensorflow_model_server --xla_cpu_compilation_enabled=true` on CPU).
+and each compiled shape costs seconds of loading. The model server must run
+compiled functions (`tensorflow_model_server --xla_cpu_compilation_enabled=true`
+on CPU).
 """
 
 from typing import NamedTuple
