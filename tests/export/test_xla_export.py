@@ -103,9 +103,9 @@ def test_the_plain_export_compiles_nothing(export):
 
 def test_buckets_are_sorted_checked_and_end_at_the_limits():
     defaults = XlaBuckets.resolve(None, None, batch_size=32, max_source_length=128)
-    assert defaults == XlaBuckets((1, 32), (32, 64, 128))
+    assert defaults == XlaBuckets((1, 32), (32, 40, 64, 128))
     # One sentence at the largest width only; other batches at every width.
-    assert defaults.shapes == ((1, 128), (32, 32), (32, 64), (32, 128))
+    assert defaults.shapes == ((1, 128), (32, 32), (32, 40), (32, 64), (32, 128))
     assert XlaBuckets((2, 8), (10, 40)).shapes == ((2, 10), (2, 40), (8, 10), (8, 40))
     assert XlaBuckets.resolve([16, 2, 64], [100, 10, 40], batch_size=8,
                               max_source_length=40) == XlaBuckets((2, 8), (10, 40))
