@@ -35,11 +35,17 @@ def _write_lines(path, lines):
 def test_translate_stdin_to_stdout_in_batches(export, tmp_path):
     source = tmp_path / "in.en"
     _write_lines(source, export["sentences"])
+    # As a user's shell runs it: without the TF_CPP_MIN_LOG_LEVEL=2 that
+    # tests/run_all_backends.sh exports, so that the command's own default (3)
+    # applies; at 2, TensorFlow's ERROR-level notes (e.g. oneDNN's "supports
+    # DT_INT64 only on platforms with AVX-512" on some EPYCs) reach stderr.
+    env = _env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     with open(source, "rb") as stdin:
         result = subprocess.run(
             [sys.executable, "-m", "keras_transformer", "translate",
              "--model", str(export["path"]), "--batch-size", "4"],
-            stdin=stdin, capture_output=True, env=_env(), cwd=tmp_path, timeout=300)
+            stdin=stdin, capture_output=True, env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr.decode()[-3000:]
     assert result.stdout.decode("utf-8").split("\n") == export["beam"] + [""]
     stderr = result.stderr.decode()
