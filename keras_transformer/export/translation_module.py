@@ -84,7 +84,7 @@ DEFAULT_BATCH_SIZE = 32
 # The compiled export's shapes (`export --xla`): chunk rows and source widths
 # are padded up to these (the widths capped at `max_source_length`, which is
 # always one; a one-sentence chunk takes that largest width only). Each shape
-# is one compilation per signature at load (5 to 12 s on 2 cores for the
+# is one compilation per signature at load (3 to 12 s on 2 cores for the
 # Multi30k model), so there are few: a beam search over 32 sentences costs
 # the same at width 16 and 32 but 1.2x at 64 and 1.7x at 128, and a
 # one-sentence search the same at every width; 40 holds the requests whose
